@@ -1,0 +1,205 @@
+"""TokenBuilder: chat messages to token ids with the model's chat template, token-exactly.
+
+The prompt is rendered and encoded once. After that the builder never re-tokenizes what the model
+produced: sampled ids are appended untouched by the rollout loop, and each observation is appended
+as the template's *token-level suffix* — the text the template adds for the new messages, encoded
+on its own. Whether a template allows this is checked once, when the builder is made, with probe
+conversations (see :meth:`TokenBuilder._probe_template`); a template that rewrites earlier turns
+(not prefix-stable) is rejected with :class:`TemplateError` instead of silently drifting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentloop.errors import TemplateError
+from agentloop.types import Message
+
+__all__ = ["TokenBuilder"]
+
+_PROBE = "AGENTLOOP_PROBE_7f3c"
+_PROBE_MESSAGES = (
+    Message("system", "probe system"),
+    Message("user", "probe user"),
+    Message("assistant", _PROBE),
+)
+
+
+class TokenBuilder:
+    """Encodes prompts and observation suffixes for one tokenizer + chat template + tool list.
+
+    ``tokenizer`` is a Hugging Face tokenizer. ``tools`` are OpenAI-style function schemas
+    rendered into the system turn by templates that support them. ``chat_template`` overrides the
+    tokenizer's own template. ``template_kwargs`` go to the template (e.g. ``enable_thinking``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not template or not isinstance(template, str):
+            raise TemplateError(
+                "the tokenizer has no chat template; pass chat_template=<jinja string> or use a "
+                "tokenizer saved with one (tokenizer.chat_template)"
+            )
+        self.tokenizer = tokenizer
+        self.chat_template = template
+        self.tools = [dict(t) for t in tools] if tools else None
+        self._kwargs = {**tokenizer.special_tokens_map, **(template_kwargs or {})}
+        self.stop_token_ids = _stop_token_ids(tokenizer)
+        self._stop_texts = {i: tokenizer.convert_ids_to_tokens(i) for i in self.stop_token_ids}
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._probe_text = self.render(
+            _PROBE_MESSAGES, add_generation_prompt=False, with_tools=False
+        )
+        self._assistant_close = self._probe_template()
+
+    # -- rendering -------------------------------------------------------------------------
+
+    def render(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool, with_tools: bool = True
+    ) -> str:
+        """The template's text for ``messages``, as ``apply_chat_template(tokenize=False)``."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
+                conversations=[[m.to_template_dict() for m in messages]],
+                tools=self.tools if with_tools else None,  # type: ignore[arg-type]
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                **self._kwargs,
+            )
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            roles = [m.role for m in messages]
+            raise TemplateError(f"chat template failed on roles {roles}: {exc}") from exc
+        return str(rendered[0])
+
+    def encode(self, text: str) -> list[int]:
+        """Encode template text; special tokens in the text map to their ids, nothing is added."""
+        if self._backend is not None:  # the Rust tokenizer directly: same ids, less overhead
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Decode sampled ids to the text stored as the assistant message content."""
+        ids = list(token_ids)
+        if ids and ids[-1] in self._stop_texts:
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    # -- the two operations the rollout loop needs -----------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Ids of the initial prompt, ending with the assistant generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def observation_ids(
+        self, observation: Sequence[Message], completion_ids: Sequence[int]
+    ) -> list[int]:
+        """Ids to append after a completion so the next assistant turn can start.
+
+        That is: whatever closes the assistant turn that the engine did not sample (Qwen stops at
+        ``<|im_end|>`` but the template continues with ``\\n``; a turn cut by the length limit
+        gets its whole closing), then the observation messages, then the generation prompt.
+        """
+        if not observation:
+            raise TemplateError("observation_ids needs at least one observation message")
+        close = self._assistant_close
+        if completion_ids and completion_ids[-1] in self._stop_texts:
+            stop_text = self._stop_texts[completion_ids[-1]]
+            if close.startswith(stop_text):
+                close = close[len(stop_text) :]
+        return self.encode(close + self._suffix(observation))
+
+    def check_text(self, token_ids: Sequence[int], messages: Sequence[Message]) -> None:
+        """Check that ``token_ids`` decode to the template's rendering of ``messages``.
+
+        Used in tests and with ``RolloutConfig.check_template``: it proves the accumulated ids are
+        what the template would show the model for this conversation, turn boundaries included.
+        """
+        ends_with_sample = messages[-1].role == "assistant"
+        expected = self.render(messages, add_generation_prompt=not ends_with_sample)
+        got = str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+        # An episode that ended right after a sample lacks only (part of) the turn's closing.
+        if (
+            ends_with_sample
+            and expected.startswith(got)
+            and self._assistant_close.endswith(expected[len(got) :])
+        ):
+            return
+        if got != expected:
+            at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), 0)
+            raise TemplateError(
+                f"token ids do not render the conversation: first difference at char {at}: "
+                f"ids give {got[at : at + 60]!r}, template gives {expected[at : at + 60]!r}"
+            )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _suffix(self, observation: Sequence[Message]) -> str:
+        """The text the template adds for ``observation`` after a finished assistant turn."""
+        # A fixed short history stands in for the real one: for a prefix-stable template the
+        # suffix depends only on the new messages, and the short render is much cheaper.
+        before = self._probe_text
+        after = self.render(
+            [*_PROBE_MESSAGES, *observation], add_generation_prompt=True, with_tools=False
+        )
+        if not after.startswith(before):
+            raise TemplateError(
+                "chat template is not prefix-stable: adding "
+                f"{[m.role for m in observation]} messages changes the text of earlier turns. "
+                "agentloop needs a template whose earlier turns render the same when messages are "
+                "appended (pass chat_template=... with such a template)"
+            )
+        return after[len(before) :]
+
+    def _probe_template(self) -> str:
+        """Check the template once and return the text that closes an assistant turn."""
+        probe = _PROBE_MESSAGES
+        head = self.render(probe[:2], add_generation_prompt=False)
+        with_prompt = self.render(probe[:2], add_generation_prompt=True)
+        full = self.render(probe, add_generation_prompt=False)
+        if not with_prompt.startswith(head):
+            raise TemplateError("chat template: the generation prompt rewrites earlier turns")
+        at = full.find(_PROBE)
+        if at < 0 or full[:at] != with_prompt:
+            raise TemplateError(
+                "chat template does not render an assistant turn as <generation prompt> + content: "
+                f"expected the text before the content to be {with_prompt[len(head) :]!r}. "
+                "Sampled tokens would not line up with the template's rendering"
+            )
+        close = full[at + len(_PROBE) :]
+        # A template is usable only if appending a user turn does not rewrite the assistant turn.
+        self._suffix([Message("user", "probe follow-up")])
+        return close
+
+
+def _stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """EOS ids of the tokenizer and of the model's generation config, if it sits next to it."""
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.append(eos)
+    path = getattr(tokenizer, "name_or_path", "")
+    if path:
+        try:
+            from transformers import GenerationConfig
+
+            gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except (OSError, ValueError):
+            gen_eos = None
+        for i in [gen_eos] if isinstance(gen_eos, int) else gen_eos or []:
+            if i not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise TemplateError(
+            "the tokenizer has no eos_token_id; set tokenizer.eos_token (e.g. '<|im_end|>')"
+        )
+    return tuple(ids)

@@ -1,0 +1,113 @@
+"""collect: run many episodes concurrently and group them per task; failures are kept as data."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentloop.chat import TokenBuilder
+from agentloop.engines.base import Engine
+from agentloop.envs import Env, make
+from agentloop.errors import ConfigError
+from agentloop.rollout import RolloutConfig, rollout
+from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
+
+__all__ = ["collect", "episode_seed", "make_builder"]
+
+EnvFactory = Callable[[], Env]
+
+
+def make_builder(tokenizer: Any, env_id: str, **env_kwargs: Any) -> TokenBuilder:
+    """A TokenBuilder whose system turn shows the tools of env ``env_id``."""
+    return TokenBuilder(tokenizer, tools=make(env_id, **env_kwargs).tool_schemas)
+
+
+def episode_seed(seed: int, task_id: str, sample_index: int) -> int:
+    """A stable 31-bit seed per (run seed, task, sample): group samples differ, reruns match."""
+    digest = hashlib.blake2b(f"{seed}/{task_id}/{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+async def collect(
+    tasks: Sequence[Task],
+    env: str | EnvFactory,
+    engine: Engine,
+    builder: TokenBuilder,
+    *,
+    config: RolloutConfig,
+    group_size: int = 1,
+    concurrency: int = 64,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> list[TrajectoryGroup]:
+    """Play ``group_size`` episodes of every task, at most ``concurrency`` at a time.
+
+    Episodes are scheduled individually (no static chunks): a slow episode holds one slot, not a
+    batch. Each gets a fresh env from ``env`` (a registered id or a factory). Any failure becomes
+    that trajectory's stop reason; siblings go on. Groups come back in task order.
+    ``on_trajectory`` is called as each episode finishes (progress bars, streaming writers).
+    """
+    if group_size < 1 or concurrency < 1:
+        raise ConfigError(
+            f"collect needs group_size >= 1 and concurrency >= 1, got {group_size}, {concurrency}"
+        )
+    factory = _env_factory(env, env_kwargs or {})
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task, index: int) -> Trajectory:
+        async with slots:
+            trajectory = await _safe_rollout(factory, engine, builder, task, config, index, seed)
+        if on_trajectory is not None:
+            on_trajectory(trajectory)
+        return trajectory
+
+    jobs = [one(task, i) for task in tasks for i in range(group_size)]
+    results = await asyncio.gather(*jobs)
+    return [
+        TrajectoryGroup(task, tuple(results[k * group_size : (k + 1) * group_size]))
+        for k, task in enumerate(tasks)
+    ]
+
+
+async def _safe_rollout(
+    factory: EnvFactory,
+    engine: Engine,
+    builder: TokenBuilder,
+    task: Task,
+    config: RolloutConfig,
+    index: int,
+    seed: int,
+) -> Trajectory:
+    """:func:`rollout`, with anything that escapes it (env construction, template errors)
+    recorded as an ``env_error`` trajectory instead of failing the whole batch."""
+    try:
+        env = factory()
+        return await rollout(
+            env, engine, builder, task, config,
+            sample_index=index, seed=episode_seed(seed, task.id, index),
+        )  # fmt: skip
+    except Exception as exc:
+        return Trajectory(
+            task_id=task.id,
+            token_ids=(),
+            loss_mask=(),
+            logprobs=(),
+            prompt_len=0,
+            reward=0.0,
+            stop_reason=StopReason.ENV_ERROR,
+            error=f"{type(exc).__name__}: {exc}",
+            sample_index=index,
+        )
+
+
+def _env_factory(env: str | EnvFactory, env_kwargs: Mapping[str, Any]) -> EnvFactory:
+    if isinstance(env, str):
+        env_id = env
+        make(env_id, **env_kwargs)  # fail fast on an unknown id or bad kwargs, not per episode
+        return lambda: make(env_id, **env_kwargs)
+    if env_kwargs:
+        raise ConfigError("env_kwargs apply only to a registered env id, not to a factory")
+    return env

@@ -1,0 +1,1 @@
+"""Inference engines behind one token-in/token-out protocol."""

@@ -1,0 +1,88 @@
+"""HFEngine: token-in/token-out generation with transformers, for debugging without vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentloop.engines.base import SamplingParams
+from agentloop.errors import InferenceError
+from agentloop.types import Completion, FinishReason
+
+__all__ = ["HFEngine"]
+
+
+class HFEngine:
+    """Runs ``model.generate`` one request at a time in a worker thread.
+
+    Slow but exact and dependency-free: the reference engine for tests and for models or
+    platforms vLLM cannot serve. Logprobs are ``log_softmax(logits / temperature)`` of the
+    sampled tokens, computed from the raw logits (``output_logits=True``). Seeds use torch's
+    global generator under a lock, so a fixed seed reproduces.
+    """
+
+    def __init__(self, model: Any, *, stop_token_ids: Sequence[int] = ()) -> None:
+        self.model = model.eval()
+        self.stop_token_ids = tuple(stop_token_ids)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32") -> HFEngine:
+        """Load a causal LM from a local directory (no hub access)."""
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        return cls(model, stop_token_ids=[eos] if isinstance(eos, int) else (eos or []))
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+    ) -> Completion:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and len(prompt_ids) + sampling.max_tokens > limit:
+            raise InferenceError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
+                f"the model's max_position_embeddings {limit}; lower rollout.max_response_len"
+            )
+        try:
+            return await asyncio.to_thread(self._generate, list(prompt_ids), sampling)
+        except InferenceError:
+            raise
+        except Exception as exc:
+            raise InferenceError(f"HF generate failed: {type(exc).__name__}: {exc}") from exc
+
+    def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        import torch
+
+        stop = list(dict.fromkeys([*sampling.stop_token_ids, *self.stop_token_ids]))
+        greedy = sampling.temperature == 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "do_sample": not greedy,
+            "eos_token_id": stop or None,
+            "pad_token_id": stop[0] if stop else 0,
+            "return_dict_in_generate": True,
+            "output_logits": True,
+        }
+        if not greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            kwargs["top_k"] = sampling.top_k if sampling.top_k > 0 else None
+        with self._lock, torch.no_grad():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(torch.tensor([prompt_ids]), **kwargs)
+        ids = out.sequences[0, len(prompt_ids) :].tolist()
+        logits = torch.cat(out.logits, dim=0).float()  # [T, V]
+        if not greedy:
+            logits = logits / sampling.temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+        finish: FinishReason = "stop" if ids and ids[-1] in stop else "length"
+        return Completion(tuple(ids), tuple(logprobs.tolist()), finish)

@@ -1,0 +1,295 @@
+"""The rollout loop: play one episode of an env with an engine and return a token-exact Trajectory.
+
+This is the only place where generation, tool calls and token accounting meet. Training,
+validation and ``agentloop eval`` all call :func:`rollout` (through :func:`agentloop.collect`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop.chat import TokenBuilder
+from agentloop.engines.base import Engine, SamplingParams
+from agentloop.envs import Env, StepResult
+from agentloop.errors import ConfigError, ToolFatalError
+from agentloop.tools import get_parser, truncate_to_tokens
+from agentloop.types import Completion, Message, StopReason, Task, Trajectory, Turn
+
+__all__ = ["RolloutConfig", "rollout"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Limits and sampling for episodes — the same for training, validation and eval.
+
+    ``max_response_len`` counts every token after the prompt: sampled *and* observation tokens.
+    Each turn may sample at most what is left of it. ``timeout_s`` is a deadline for the whole
+    episode (engine calls and tool calls included).
+    """
+
+    max_turns: int = 8
+    max_prompt_len: int = 1024
+    max_response_len: int = 1024
+    max_tool_output_tokens: int = 256
+    timeout_s: float = 300.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    parser: str = "hermes"
+    check_template: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_prompt_len", "max_response_len", "max_tool_output_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"rollout.timeout_s must be > 0, got {self.timeout_s}")
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        get_parser(self.parser)  # unknown parser names fail here, with a did-you-mean
+
+    def sampling(self, max_tokens: int, seed: int | None, stop: tuple[int, ...]) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=seed,
+            stop_token_ids=stop,
+        )
+
+
+class _Stop(Exception):
+    """Ends an episode with a stop reason (and an error text for failures)."""
+
+    def __init__(self, reason: StopReason, error: str | None = None) -> None:
+        super().__init__(reason, error)
+        self.reason, self.error = reason, error
+
+
+@dataclass
+class _Episode:
+    """Mutable accumulator behind one Trajectory; whatever was built survives a failure."""
+
+    task_id: str
+    sample_index: int
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def count_tool_errors(self, result: StepResult) -> None:
+        for r in result.info.get("tool_results", ()):
+            if r.error_kind is not None:
+                key = f"tool_error/{r.error_kind}"
+                self.metrics[key] = self.metrics.get(key, 0.0) + 1.0
+
+    @property
+    def response_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    def append(self, ids: list[int] | tuple[int, ...], *, sampled: Completion | None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.logprobs.extend(sampled.logprobs if sampled else [0.0] * len(ids))
+
+    def build(self, reason: StopReason, error: str | None) -> Trajectory:
+        counts = Counter[str]()
+        for t in self.turns:
+            counts.update(tool_calls=t.tool_calls, tool_errors=t.tool_errors)
+        metrics = {
+            "turns": float(len(self.turns)),
+            "response_tokens": float(self.response_len),
+            "trained_tokens": float(sum(self.loss_mask)),
+            "gen_time_s": sum(t.gen_latency_s for t in self.turns),
+            "env_time_s": sum(t.env_latency_s for t in self.turns),
+            **{k: float(v) for k, v in counts.items()},
+            **self.metrics,
+        }
+        return Trajectory(
+            task_id=self.task_id,
+            token_ids=tuple(self.token_ids),
+            loss_mask=tuple(self.loss_mask),
+            logprobs=tuple(self.logprobs),
+            prompt_len=self.prompt_len,
+            reward=self.reward,
+            stop_reason=reason,
+            turns=tuple(self.turns),
+            messages=tuple(self.messages),
+            metrics=metrics,
+            error=error,
+            sample_index=self.sample_index,
+        )
+
+
+async def rollout(
+    env: Env,
+    engine: Engine,
+    builder: TokenBuilder,
+    task: Task,
+    config: RolloutConfig,
+    *,
+    sample_index: int = 0,
+    seed: int | None = None,
+) -> Trajectory:
+    """Play one episode of ``task`` and return its trajectory. Never raises for episode failures
+    (engine, env, tool, reward errors, the deadline): they end the episode with a stop reason and
+    an ``error`` text. Cancellation propagates. ``env`` is closed on every exit path."""
+    episode = _Episode(task.id, sample_index)
+    reason, error = StopReason.DONE, None
+    try:
+        async with asyncio.timeout(config.timeout_s):
+            await _play(episode, env, engine, builder, task, config, seed)
+    except _Stop as stop:
+        reason, error = stop.reason, stop.error
+    except TimeoutError:
+        reason, error = StopReason.TIMEOUT, f"episode exceeded rollout.timeout_s={config.timeout_s}"
+    finally:
+        await _close(env, episode)
+    if config.check_template and episode.turns and not reason.is_error:
+        builder.check_text(episode.token_ids, episode.messages)
+    return episode.build(reason, error)
+
+
+async def _play(
+    episode: _Episode,
+    env: Env,
+    engine: Engine,
+    builder: TokenBuilder,
+    task: Task,
+    config: RolloutConfig,
+    seed: int | None,
+) -> None:
+    """The loop itself. Always ends by raising :class:`_Stop`."""
+    parser = get_parser(config.parser)
+    messages, _ = await _env_call(env.reset(seed=seed, options={"task": task}))
+    episode.messages.extend(messages)
+    prompt = builder.prompt_ids(messages)
+    if len(prompt) > config.max_prompt_len:
+        raise _Stop(
+            StopReason.CONTEXT_OVERFLOW,
+            f"prompt has {len(prompt)} tokens > rollout.max_prompt_len={config.max_prompt_len}",
+        )
+    episode.append(prompt, sampled=None)
+    episode.prompt_len = len(prompt)
+    session_id = f"{task.id}#{episode.sample_index}"
+    for turn in range(config.max_turns):
+        budget = config.max_response_len - episode.response_len
+        turn_seed = None if seed is None else seed * 1009 + turn
+        sampling = config.sampling(budget, turn_seed, builder.stop_token_ids)
+        start, t0 = len(episode.token_ids), time.perf_counter()
+        completion = await _generate(engine, episode.token_ids, sampling, session_id)
+        episode.append(completion.token_ids, sampled=completion)
+        text = builder.decode(completion.token_ids)
+        action = Message("assistant", text, parser.parse(text))
+        episode.messages.append(action)
+        t1 = time.perf_counter()
+        result = await _env_call(env.step(action))
+        episode.reward += float(result.reward)
+        episode.metrics.update(result.info.get("metrics", {}))
+        obs = _fit_observation(result, builder, config)
+        stop = _stop_reason(completion, result, obs)
+        obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
+        episode.turns.append(_turn(turn, start, completion, result, len(obs_ids), t0, t1))
+        episode.count_tool_errors(result)
+        if stop is not None:
+            raise _Stop(stop)
+        if episode.response_len + len(obs_ids) >= config.max_response_len:
+            raise _Stop(
+                StopReason.MAX_TOKENS,
+                f"observation of {len(obs_ids)} tokens does not fit the remaining response budget",
+            )
+        episode.messages.extend(obs)
+        episode.append(obs_ids, sampled=None)
+    raise _Stop(StopReason.MAX_TURNS)
+
+
+def _stop_reason(
+    completion: Completion, result: StepResult, obs: list[Message]
+) -> StopReason | None:
+    """Why the episode ends after this step, or None to continue with ``obs``."""
+    if completion.finish_reason == "length":
+        return StopReason.MAX_TOKENS  # the env still scored the cut reply
+    if result.terminated:
+        return StopReason.DONE
+    if result.truncated:
+        return StopReason.TRUNCATED
+    return None if obs else StopReason.DONE  # nothing to answer: the episode is over
+
+
+async def _generate(
+    engine: Engine, ids: list[int], sampling: SamplingParams, session_id: str
+) -> Completion:
+    try:
+        completion = await engine.generate(ids, sampling, session_id=session_id)
+    except Exception as exc:  # any engine failure is this episode's data, not the batch's crash
+        raise _Stop(StopReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}") from exc
+    if not completion.token_ids:
+        raise _Stop(StopReason.ENGINE_ERROR, "engine returned an empty completion")
+    return completion
+
+
+async def _env_call(awaitable: Any) -> Any:
+    """Await an env call; a fatal tool error or any env/reward failure ends the episode."""
+    try:
+        return await awaitable
+    except ToolFatalError as exc:
+        raise _Stop(StopReason.TOOL_FATAL, str(exc)) from exc
+    except Exception as exc:
+        raise _Stop(StopReason.ENV_ERROR, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _fit_observation(
+    result: StepResult, builder: TokenBuilder, config: RolloutConfig
+) -> list[Message]:
+    """Tool outputs cut to ``max_tool_output_tokens`` with a visible marker; others unchanged."""
+    out = []
+    for m in result.observation:
+        if m.role == "tool":
+            content = truncate_to_tokens(
+                m.content, config.max_tool_output_tokens, builder.encode, builder.tokenizer.decode
+            )
+            m = Message("tool", content, tool_call_id=m.tool_call_id, name=m.name)
+        out.append(m)
+    return out
+
+
+def _turn(
+    index: int,
+    start: int,
+    completion: Completion,
+    result: StepResult,
+    obs_tokens: int,
+    t0: float,
+    t1: float,
+) -> Turn:
+    tool_results = result.info.get("tool_results", ())
+    return Turn(
+        index=index,
+        start=start,
+        completion_tokens=len(completion.token_ids),
+        observation_tokens=obs_tokens,
+        finish_reason=completion.finish_reason,
+        tool_calls=len(tool_results),
+        tool_errors=sum(1 for r in tool_results if r.error_kind is not None),
+        gen_latency_s=t1 - t0,
+        env_latency_s=time.perf_counter() - t1,
+    )
+
+
+async def _close(env: Env, episode: _Episode) -> None:
+    try:
+        await env.close()
+    except Exception:  # a failing close must not lose the trajectory
+        log.exception("env.close() failed for task %s", episode.task_id)
+        episode.metrics["env_close_errors"] = 1.0

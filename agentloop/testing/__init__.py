@@ -1,0 +1,1 @@
+"""Test helpers that ship with the library: the tiny local model."""

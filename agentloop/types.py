@@ -1,0 +1,272 @@
+"""Frozen records that cross every boundary: messages, tool calls, completions, trajectories."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentloop.errors import TrajectoryError
+
+__all__ = [
+    "Completion",
+    "FinishReason",
+    "Message",
+    "Role",
+    "StopReason",
+    "Task",
+    "ToolCall",
+    "Trajectory",
+    "TrajectoryGroup",
+    "Turn",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "abort"]
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _freeze(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A private copy, so the caller's dict can change without changing the record.
+    (A plain dict, not a mappingproxy: records must pickle to cross Ray and processes.)"""
+    return dict(mapping) if mapping else {}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call parsed from assistant text.
+
+    A call that could not be parsed keeps its raw text and a ``parse_error``; the dispatcher turns
+    it into an error observation for the model instead of dropping it.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    id: str = ""
+    raw: str = ""
+    parse_error: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _freeze(self.arguments))
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI-style ``{"id", "type", "function": {"name", "arguments"}}`` for chat templates."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": dict(self.arguments)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message. Assistant messages keep the model's raw text in ``content`` (tool-call
+    markup included) and the parsed calls in ``tool_calls``; tool messages name their call."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in _ROLES:
+            raise TrajectoryError(
+                f"message role {self.role!r} is not one of {_ROLES}; use 'tool' for tool results"
+            )
+        if not isinstance(self.content, str):
+            raise TrajectoryError(
+                f"message content must be str, got {type(self.content).__name__}: "
+                f"{self.content!r:.80}"
+            )
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+
+    def to_template_dict(self) -> dict[str, Any]:
+        """The dict a chat template renders. Assistant tool calls are already in ``content`` as
+        the model wrote them, so they are not passed again (a template would render them twice)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.role == "tool":
+            if self.name is not None:
+                out["name"] = self.name
+            if self.tool_call_id is not None:
+                out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict that keeps the parsed tool calls (for logs and eval output)."""
+        out = self.to_template_dict()
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        """Build from an OpenAI-style dict (``tool_calls[].function.arguments`` may be a dict)."""
+        calls = tuple(
+            ToolCall(
+                name=c["function"]["name"],
+                arguments=c["function"].get("arguments") or {},
+                id=c.get("id", ""),
+            )
+            for c in data.get("tool_calls") or ()
+        )
+        return cls(
+            role=data["role"],
+            content=data.get("content") or "",
+            tool_calls=calls,
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One dataset row: a stable id plus the env-specific fields (question, answer, …)."""
+
+    id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise TrajectoryError(f"task id must be a non-empty str, got {self.id!r}")
+        object.__setattr__(self, "data", _freeze(self.data))
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What an engine returns for one request: sampled ids, their logprobs, why it stopped."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(self.token_ids))
+        object.__setattr__(self, "logprobs", tuple(self.logprobs))
+        if len(self.token_ids) != len(self.logprobs):
+            raise TrajectoryError(
+                f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} "
+                "logprobs; an engine must return one logprob per sampled token"
+            )
+
+
+class StopReason(enum.StrEnum):
+    """Why an episode ended. Every trajectory carries exactly one."""
+
+    DONE = "done"  # the env terminated the episode (an answer was given and scored)
+    TRUNCATED = "truncated"  # the env truncated the episode (its own limit)
+    MAX_TURNS = "max_turns"  # the rollout's turn limit was reached
+    MAX_TOKENS = "max_tokens"  # the response token budget was used up
+    CONTEXT_OVERFLOW = "context_overflow"  # the prompt or an observation does not fit
+    TIMEOUT = "timeout"  # the per-trajectory deadline passed
+    TOOL_FATAL = "tool_fatal"  # a tool raised ToolFatalError
+    ENGINE_ERROR = "engine_error"  # the inference engine failed
+    ENV_ERROR = "env_error"  # reset/step/reward raised
+
+    @property
+    def is_error(self) -> bool:
+        return self in _ERROR_STOPS
+
+
+_ERROR_STOPS = frozenset(
+    {StopReason.TIMEOUT, StopReason.TOOL_FATAL, StopReason.ENGINE_ERROR, StopReason.ENV_ERROR}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Per-turn record: where the turn's tokens sit in the trajectory and what it cost."""
+
+    index: int
+    start: int  # offset of this turn's first sampled token in Trajectory.token_ids
+    completion_tokens: int
+    observation_tokens: int
+    finish_reason: FinishReason
+    tool_calls: int = 0
+    tool_errors: int = 0
+    gen_latency_s: float = 0.0
+    env_latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One finished episode, token-exact.
+
+    ``token_ids[:prompt_len]`` is the rendered initial prompt. After it come, per turn, the ids the
+    engine sampled (``loss_mask`` 1, the engine's logprobs) and the observation's template suffix
+    (``loss_mask`` 0, logprob 0.0). ``len(token_ids) == len(loss_mask) == len(logprobs)`` always.
+    A failed episode is still a Trajectory: ``stop_reason.is_error`` and ``error`` say why.
+    """
+
+    task_id: str
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_len: int
+    reward: float
+    stop_reason: StopReason
+    turns: tuple[Turn, ...] = ()
+    messages: tuple[Message, ...] = ()
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+    sample_index: int = 0
+    images: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("token_ids", "loss_mask", "logprobs", "turns", "messages", "images"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "metrics", _freeze(self.metrics))
+        n, m, k = len(self.token_ids), len(self.loss_mask), len(self.logprobs)
+        if not n == m == k:
+            raise TrajectoryError(
+                f"trajectory {self.task_id!r}: token_ids ({n}), loss_mask ({m}) and logprobs ({k}) "
+                "must have the same length"
+            )
+        if not 0 <= self.prompt_len <= n:
+            raise TrajectoryError(
+                f"trajectory {self.task_id!r}: prompt_len {self.prompt_len} outside [0, {n}]"
+            )
+        if any(v not in (0, 1) for v in self.loss_mask):
+            raise TrajectoryError(f"trajectory {self.task_id!r}: loss_mask values must be 0 or 1")
+        if any(self.loss_mask[: self.prompt_len]):
+            raise TrajectoryError(
+                f"trajectory {self.task_id!r}: prompt tokens must have loss_mask 0"
+            )
+
+    @property
+    def response_ids(self) -> tuple[int, ...]:
+        """Everything after the prompt: sampled and observation tokens, interleaved."""
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def failed(self) -> bool:
+        return self.stop_reason.is_error
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """The ``n`` samples of one task (a GRPO group). ``rewards_G`` is ordered by sample index."""
+
+    task: Task
+    trajectories: tuple[Trajectory, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        trajectories = tuple(sorted(self.trajectories, key=lambda t: t.sample_index))
+        object.__setattr__(self, "trajectories", trajectories)
+        for t in trajectories:
+            if t.task_id != self.task.id:
+                raise TrajectoryError(
+                    f"group of task {self.task.id!r} holds a trajectory of task {t.task_id!r}"
+                )
+
+    @property
+    def rewards_G(self) -> tuple[float, ...]:
+        return tuple(t.reward for t in self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)

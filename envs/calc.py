@@ -1,0 +1,77 @@
+"""agentloop/Calc-v0: seeded arithmetic word problems, a python tool, a boxed-answer verifier."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
+from agentloop.envs.tool_env import ToolEnv
+from agentloop.errors import EnvError
+from agentloop.tools.arith import python
+from agentloop.types import Message, Task
+
+__all__ = ["SYSTEM_PROMPT", "CalcEnv", "calc_reward", "make_calc_task"]
+
+SYSTEM_PROMPT = (
+    "You are a careful calculator. Compute with the python tool, then give the final answer "
+    "as \\boxed{number}."
+)
+_SPLITS = ("train", "test")
+_TEMPLATES = (
+    ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
+    ("What is {a} * {b} - {c}?", lambda a, b, c: a * b - c),
+    ("What is ({a} + {c}) * {b}?", lambda a, b, c: (a + c) * b),
+    ("A crate holds {a} apples. How many apples are in {b} crates and {c} loose apples?",
+     lambda a, b, c: a * b + c),
+    ("A train travels {a} km a day for {b} days, then {c} km more. How far does it go?",
+     lambda a, b, c: a * b + c),
+)
+
+
+def make_calc_task(split: str, index: int, *, digits: int = 3) -> Task:
+    """Task ``index`` of ``split``: the same (split, index, digits) always gives the same task."""
+    if split not in _SPLITS:
+        raise EnvError(f"Calc-v0 split {split!r} is unknown; use one of {_SPLITS}")
+    if not 2 <= digits <= 6:
+        raise EnvError(f"Calc-v0 digits must be in [2, 6], got {digits}")
+    rng = random.Random(f"calc/{split}/{digits}/{index}")
+    a = rng.randrange(10 ** (digits - 1), 10**digits)
+    b = rng.randrange(10, 100)
+    c = rng.randrange(1, 100)
+    template, fn = _TEMPLATES[rng.randrange(len(_TEMPLATES))]
+    return Task(
+        id=f"calc-{split}-{index:06d}",
+        data={"prompt": template.format(a=a, b=b, c=c), "answer": str(fn(a, b, c))},
+    )
+
+
+def calc_reward(task: Task, messages: Sequence[Message]) -> Reward:
+    """1.0 when the last ``\\boxed{}`` of the final answer equals the task's answer."""
+    boxed = extract_boxed(last_assistant_text(messages))
+    correct = math_equal(boxed, task.data["answer"])
+    used_tool = any(m.tool_calls for m in messages if m.role == "assistant")
+    return Reward(
+        float(correct),
+        {
+            "correct": float(correct),
+            "has_boxed": float(boxed is not None),
+            "used_tool": float(used_tool),
+        },
+    )
+
+
+class CalcEnv(ToolEnv):
+    """Arithmetic that a small model cannot do in its head: multiply multi-digit numbers with the
+    ``python`` tool and answer ``\\boxed{n}``. ``digits`` sets the size of the first operand."""
+
+    def __init__(self, *, digits: int = 3, max_turns: int | None = None) -> None:
+        super().__init__([python], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+        self.digits = digits
+
+    def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
+        n = limit if limit is not None else 10_000
+        return [make_calc_task(split, i, digits=self.digits) for i in range(n)]
+
+    def sample_task(self, seed: int | None) -> Task:
+        return make_calc_task("train", seed or 0, digits=self.digits)

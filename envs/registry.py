@@ -1,0 +1,100 @@
+"""Env registry: ``register(id, entry_point)`` / ``make(id)``, mirrored into gymnasium's registry."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop.errors import EnvError
+from agentloop.envs.base import Env
+
+__all__ = ["EnvSpec", "make", "register", "registered", "spec"]
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.]+-v\d+$")
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build an env: ``entry_point`` is a callable or ``"module:attr"``; ``kwargs`` are
+    defaults that :func:`make`'s keyword arguments override."""
+
+    id: str
+    entry_point: Callable[..., Env] | str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def load(self) -> Callable[..., Env]:
+        if callable(self.entry_point):
+            return self.entry_point
+        module, _, attr = self.entry_point.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+        except (ImportError, AttributeError) as exc:
+            raise EnvError(
+                f"env {self.id!r}: cannot load entry point {self.entry_point!r} ({exc}); "
+                "use 'package.module:ClassName'"
+            ) from exc
+
+
+def register(
+    id: str,
+    entry_point: Callable[..., Env] | str,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    description: str = "",
+    override: bool = False,
+) -> EnvSpec:
+    """Register an env under ``namespace/Name-vN``; also makes ``gymnasium.make(id)`` work."""
+    if not _ID.match(id):
+        raise EnvError(f"env id {id!r} must look like 'namespace/Name-v0'")
+    if id in _REGISTRY and not override:
+        raise EnvError(f"env {id!r} is already registered; pass override=True to replace it")
+    env_spec = EnvSpec(id, entry_point, dict(kwargs or {}), description)
+    _REGISTRY[id] = env_spec
+    _register_gymnasium(id)
+    return env_spec
+
+
+def spec(id: str) -> EnvSpec:
+    """The registered spec of ``id``; an unknown id gets a did-you-mean error."""
+    try:
+        return _REGISTRY[id]
+    except KeyError:
+        close = difflib.get_close_matches(id, list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise EnvError(
+            f"no env registered as {id!r}.{hint} Registered: {sorted(_REGISTRY)}"
+        ) from None
+
+
+def make(id: str, **kwargs: Any) -> Env:
+    """A new instance of env ``id``; keyword arguments override the registered defaults."""
+    env_spec = spec(id)
+    factory = env_spec.load()
+    try:
+        env = factory(**{**env_spec.kwargs, **kwargs})
+    except TypeError as exc:
+        raise EnvError(f"env {id!r}: bad arguments {sorted(kwargs)}: {exc}") from exc
+    env.env_id = id
+    return env
+
+
+def registered() -> list[str]:
+    """All registered env ids, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _register_gymnasium(id: str) -> None:
+    import gymnasium
+
+    from agentloop.envs.gym_adapter import GymnasiumEnv
+
+    if id in gymnasium.registry:
+        del gymnasium.registry[id]
+    gymnasium.register(id, entry_point=functools.partial(GymnasiumEnv.from_id, id))
