@@ -92,6 +92,8 @@ class TokenBuilder:
         ids = list(token_ids)
         if ids and ids[-1] in self._stop_texts:
             ids = ids[:-1]
+        if self._backend is not None:
+            return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
     # -- the two operations the rollout loop needs -----------------------------------------

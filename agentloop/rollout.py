@@ -257,7 +257,7 @@ def _fit_observation(
     for m in result.observation:
         if m.role == "tool":
             content = truncate_to_tokens(
-                m.content, config.max_tool_output_tokens, builder.encode, builder.tokenizer.decode
+                m.content, config.max_tool_output_tokens, builder.encode, builder.decode
             )
             m = Message("tool", content, tool_call_id=m.tool_call_id, name=m.name)
         out.append(m)

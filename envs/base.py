@@ -34,9 +34,9 @@ class Env(abc.ABC):
     - ``await reset(seed=..., options={"task": Task})`` starts an episode and returns
       ``(observation, info)``: the initial messages (system, user) and an info dict. Without a task
       in ``options`` the env draws one from ``seed`` (same seed, same task).
-    - ``await step(action)`` takes the assistant :class:`Message` (raw text + parsed tool calls) and
-      returns a :class:`StepResult`. ``terminated``: the episode reached an end state and was scored.
-      ``truncated``: the env's own limit cut it.
+    - ``await step(action)`` takes the assistant :class:`Message` (raw text + parsed tool calls)
+      and returns a :class:`StepResult`. ``terminated``: the episode reached an end state and was
+      scored. ``truncated``: the env's own limit cut it.
     - ``await close()`` releases per-episode resources (tool sessions); it is called on every exit
       path, including cancellation, and must be safe to call twice.
     - ``tool_schemas`` are the OpenAI-style function schemas the chat template shows the model.

@@ -22,10 +22,14 @@ _TEMPLATES = (
     ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
     ("What is {a} * {b} - {c}?", lambda a, b, c: a * b - c),
     ("What is ({a} + {c}) * {b}?", lambda a, b, c: (a + c) * b),
-    ("A crate holds {a} apples. How many apples are in {b} crates and {c} loose apples?",
-     lambda a, b, c: a * b + c),
-    ("A train travels {a} km a day for {b} days, then {c} km more. How far does it go?",
-     lambda a, b, c: a * b + c),
+    (
+        "A crate holds {a} apples. How many apples are in {b} crates and {c} loose apples?",
+        lambda a, b, c: a * b + c,
+    ),
+    (
+        "A train travels {a} km a day for {b} days, then {c} km more. How far does it go?",
+        lambda a, b, c: a * b + c,
+    ),
 )
 
 

@@ -1,4 +1,4 @@
-"""Env registry: ``register(id, entry_point)`` / ``make(id)``, mirrored into gymnasium's registry."""
+"""Env registry: ``register(id, entry_point)`` / ``make(id)``, mirrored into gymnasium's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop.errors import EnvError
 from agentloop.envs.base import Env
+from agentloop.errors import EnvError
 
 __all__ = ["EnvSpec", "make", "register", "registered", "spec"]
 
@@ -34,7 +34,7 @@ class EnvSpec:
             return self.entry_point
         module, _, attr = self.entry_point.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+            return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
             raise EnvError(
                 f"env {self.id!r}: cannot load entry point {self.entry_point!r} ({exc}); "

@@ -1,4 +1,4 @@
-"""ToolEnv: a multi-turn env where tool calls are dispatched to a toolset and the answer is scored."""
+"""ToolEnv: multi-turn env that dispatches tool calls to a toolset and scores the answer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from agentloop.envs.base import Env, StepResult
 from agentloop.envs.rewards import Reward, RewardFn
 from agentloop.errors import EnvError, RewardError
-from agentloop.tools import Tool, Toolset, ToolSession
+from agentloop.tools import Tool, ToolSession, Toolset
 from agentloop.types import Message, Task
 
 __all__ = ["ToolEnv"]

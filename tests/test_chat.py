@@ -1,4 +1,4 @@
-"""TokenBuilder: golden strings per template, ids equal apply_chat_template, bad templates rejected."""
+"""TokenBuilder: golden strings per template, ids match apply_chat_template, bad templates fail."""
 
 from __future__ import annotations
 

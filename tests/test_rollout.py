@@ -75,7 +75,7 @@ def make_env() -> ToolEnv:
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,9 @@ def test_token_exact_on_random_ids(builder: TokenBuilder, tokenizer: Any, seed: 
 def test_random_ids_include_non_round_tripping_sequences(tokenizer: Any) -> None:
     rng = random.Random(0)
     samples = [rng.choices(range(7, len(tokenizer)), k=8) for _ in range(200)]
-    changed = sum(tokenizer.encode(tokenizer.decode(s), add_special_tokens=False) != s for s in samples)
+    changed = sum(
+        tokenizer.encode(tokenizer.decode(s), add_special_tokens=False) != s for s in samples
+    )
     assert changed > 0  # the property test above really exercises ids that do not round-trip
 
 

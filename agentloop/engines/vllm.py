@@ -1,0 +1,517 @@
+"""VLLMEngine: the Engine protocol on vLLM's AsyncLLM, with in-place weight reload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentloop.engines.base import SamplingParams
+from agentloop.errors import ConfigError, InferenceError
+from agentloop.types import Completion, FinishReason
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["VLLMConfig", "VLLMEngine", "WeightSyncStats"]
+
+log = logging.getLogger(__name__)
+
+EXTENSION_CLS = "agentloop.engines.vllm_ext.WeightSyncExtension"
+# log_softmax of the logits after temperature and top-k/top-p: the distribution actually sampled
+# (base.SamplingParams). Greedy requests get log_softmax of the raw logits.
+LOGPROBS_MODE = "processed_logprobs"
+_FINISH: Mapping[str, FinishReason] = MappingProxyType(
+    {"stop": "stop", "length": "length", "abort": "abort"}
+)
+_RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """Settings of one vLLM engine (one replica). Defaults live here and nowhere else.
+
+    ``kv_cache_memory_bytes`` sizes the KV cache explicitly; ``None`` means vLLM's
+    ``gpu_memory_utilization`` on a GPU, and 1 GiB on a CPU (where the utilization fraction would
+    reserve that share of all RAM). ``enable_sleep_mode=None`` turns it on where the platform
+    supports it (CUDA/ROCm/XPU, not CPU). ``weight_transport`` picks how ``update_weights``
+    ships tensors to the workers: ``"file"`` writes one safetensors file to ``shm_dir`` that the
+    workers mmap (fastest; needs workers on this host), ``"bytes"`` sends the safetensors blob
+    through vLLM's RPC. ``engine_args`` are passed to ``AsyncEngineArgs`` verbatim.
+    """
+
+    model: str
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    enable_sleep_mode: bool | None = None
+    weight_transport: Literal["file", "bytes"] = "file"
+    shm_dir: str = "/dev/shm"
+    shutdown_timeout_s: float = 10.0
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", str(self.model))
+        object.__setattr__(self, "engine_args", MappingProxyType(dict(self.engine_args)))
+        if not Path(self.model).is_dir():
+            raise ConfigError(
+                f"vllm.model={self.model!r} is not a directory; pass a local model directory "
+                "(config.json + safetensors), e.g. agentloop.testing.tiny.tiny_model_dir()"
+            )
+        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"vllm.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ConfigError(
+                f"vllm.kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"
+            )
+        if self.weight_transport not in ("file", "bytes"):
+            raise ConfigError(
+                f"vllm.weight_transport={self.weight_transport!r} is not 'file' or 'bytes'"
+            )
+        if reserved := _RESERVED_ARGS & set(self.engine_args):
+            raise ConfigError(
+                f"vllm.engine_args may not set {sorted(reserved)}: VLLMEngine sets them itself "
+                "(use vllm.model for the model directory)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSyncStats:
+    """What one ``update_weights`` moved and how long each part took (seconds)."""
+
+    num_tensors: int
+    num_bytes: int
+    serialize_s: float
+    load_s: float
+    total_s: float
+
+
+class VLLMEngine:
+    """Token-in/token-out generation on ``vllm.v1.engine.async_llm.AsyncLLM``.
+
+    Start it with ``async with VLLMEngine.create(model_dir, ...) as engine:`` (or ``await
+    engine.start()`` … ``await engine.shutdown()``). Start-up runs in a thread, so the event loop
+    keeps serving other tasks meanwhile; afterwards the engine belongs to the loop that started
+    it. ``shutdown`` stops vLLM's engine and worker processes and waits until they are gone.
+
+    ``generate`` sends ``prompt_ids`` as they are (no decode/re-encode) and returns the sampled
+    ids with their logprobs under ``log_softmax(logits / temperature)`` after top-k/top-p
+    (vLLM's ``processed_logprobs`` mode). ``update_weights`` reloads weights in place through
+    :class:`agentloop.engines.vllm_ext.WeightSyncExtension` and resets the prefix cache.
+    """
+
+    def __init__(self, config: VLLMConfig) -> None:
+        self.config = config
+        self._llm: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._procs: list[Any] = []  # psutil.Process of the engine core and its workers
+        self._ckpt_shapes: dict[str, tuple[int, ...]] = {}
+        self._sleep_mode = False
+
+    @classmethod
+    def create(cls, model: str | os.PathLike[str], **settings: Any) -> VLLMEngine:
+        """A not-yet-started engine for ``model`` (a local directory); ``settings`` are
+        :class:`VLLMConfig` fields. Use it as ``async with VLLMEngine.create(...) as engine``."""
+        names = {f.name for f in dataclasses.fields(VLLMConfig)}
+        if unknown := sorted(set(settings) - names):
+            raise ConfigError(
+                f"unknown VLLMEngine setting(s) {unknown}; known: {sorted(names - {'model'})} "
+                "(other AsyncEngineArgs go in engine_args={...})"
+            )
+        return cls(VLLMConfig(model=str(model), **settings))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> VLLMEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    @property
+    def started(self) -> bool:
+        return self._llm is not None
+
+    @property
+    def llm(self) -> Any:
+        """The underlying ``AsyncLLM`` (for benchmarks and vLLM features not wrapped here)."""
+        return self._require_llm()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of this engine's vLLM processes (engine core and workers)."""
+        return tuple(p.pid for p in self._procs)
+
+    async def start(self) -> None:
+        """Start vLLM (tens of seconds on a CPU). A no-op when already started."""
+        if self._llm is not None:
+            return
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        self._sleep_mode = (
+            current_platform.is_sleep_mode_available()
+            if cfg.enable_sleep_mode is None
+            else cfg.enable_sleep_mode
+        )
+        kv_bytes = cfg.kv_cache_memory_bytes
+        if kv_bytes is None and current_platform.is_cpu():
+            kv_bytes = 1 << 30
+        args: dict[str, Any] = {
+            "model": cfg.model,
+            "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len,
+            "max_num_seqs": cfg.max_num_seqs,
+            "seed": cfg.seed,
+            "kv_cache_memory_bytes": kv_bytes,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enforce_eager": cfg.enforce_eager,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enable_sleep_mode": self._sleep_mode,
+            "logprobs_mode": LOGPROBS_MODE,
+            "worker_extension_cls": EXTENSION_CLS,
+            "disable_log_stats": True,
+            **cfg.engine_args,
+        }
+        self._ckpt_shapes = _checkpoint_shapes(Path(cfg.model))
+        t0 = time.perf_counter()
+        try:
+            engine_args = AsyncEngineArgs(**args)
+            llm = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
+        except Exception as e:
+            raise InferenceError(
+                f"vLLM could not start on {cfg.model!r}: {type(e).__name__}: {e}"
+            ) from e
+        self._llm, self._loop = llm, asyncio.get_running_loop()
+        self._procs = _engine_processes(llm)
+        log.info(
+            "vLLM started on %s in %.1f s (pids %s)", cfg.model, time.perf_counter() - t0, self.pids
+        )
+
+    async def shutdown(self) -> None:
+        """Stop vLLM and wait until its processes are gone (killing stragglers). Idempotent."""
+        llm, self._llm, self._loop = self._llm, None, None
+        if llm is None:
+            return
+        procs, self._procs = self._procs, []
+        # Stop the output handler first: it would otherwise log the engine's exit as a crash.
+        if (handler := getattr(llm, "output_handler", None)) is not None:
+            handler.cancel()
+            await asyncio.wait([handler], timeout=self.config.shutdown_timeout_s)
+        try:
+            await asyncio.to_thread(llm.shutdown, self.config.shutdown_timeout_s)
+        finally:
+            del llm
+            gc.collect()  # AsyncLLM sits in reference cycles; its __del__ fails at interpreter exit
+            await asyncio.to_thread(_reap, procs, self.config.shutdown_timeout_s)
+
+    # ------------------------------------------------------------------ generation
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+    ) -> Completion:
+        """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`."""
+        llm = self._require_llm()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InferenceError("prompt_ids is empty; a prompt needs at least one token")
+        if len(prompt) >= self.config.max_model_len:
+            raise InferenceError(
+                f"prompt has {len(prompt)} tokens but max_model_len is "
+                f"{self.config.max_model_len}, which leaves no room to generate; shorten the "
+                "prompt or raise vllm.max_model_len"
+            )
+        params = _vllm_sampling(sampling)
+        request_id = f"{session_id or 'req'}-{uuid.uuid4().hex}"
+        final = None
+        try:
+            async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id):
+                final = out
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            raise _inference_error(e, len(prompt)) from e
+        if final is None or not final.outputs:
+            raise InferenceError(f"vLLM returned no output for request {request_id}")
+        return _completion(final.outputs[0], request_id)
+
+    # ------------------------------------------------------------------ weights and memory
+    async def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        transport: Literal["file", "bytes"] | None = None,
+    ) -> WeightSyncStats:
+        """Load new weights in place (checkpoint names, e.g. ``model.layers.0.mlp.up_proj.weight``;
+        a subset is fine) and reset the prefix cache. ``transport`` overrides
+        ``config.weight_transport`` for this call.
+
+        Meant for the gap between rollout phases. Requests still in flight are preempted and
+        resume under the new weights (their KV cache is recomputed).
+        """
+        llm = self._require_llm()
+        transport = transport or self.config.weight_transport
+        if transport not in ("file", "bytes"):
+            raise ConfigError(f"weight transport {transport!r} is not 'file' or 'bytes'")
+        t0 = time.perf_counter()
+        tensors = _collect(named_tensors, self._ckpt_shapes)
+        num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        path: str | None = None
+        try:
+            if transport == "file":
+                path = await asyncio.to_thread(_write_file, tensors, self.config.shm_dir)
+                t1 = time.perf_counter()
+                results = await llm.collective_rpc("agentloop_reload_from_file", args=(path,))
+            else:
+                blob = await asyncio.to_thread(_to_bytes, tensors)
+                t1 = time.perf_counter()
+                results = await llm.collective_rpc("agentloop_reload_from_bytes", args=(blob,))
+            await llm.reset_prefix_cache(reset_running_requests=True)
+        except Exception as e:
+            raise InferenceError(
+                f"weight update of {len(tensors)} tensors failed in vLLM: {type(e).__name__}: {e}"
+            ) from e
+        finally:
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
+        t2 = time.perf_counter()
+        stats = WeightSyncStats(
+            num_tensors=len(tensors),
+            num_bytes=num_bytes,
+            serialize_s=t1 - t0,
+            load_s=max(r["seconds"] for r in results),
+            total_s=t2 - t0,
+        )
+        log.info(
+            "updated %d tensors (%.1f MB) in %.3f s", len(tensors), num_bytes / 1e6, stats.total_s
+        )
+        return stats
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix (running requests are preempted and recomputed)."""
+        await self._require_llm().reset_prefix_cache(reset_running_requests=True)
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory between rollout phases (level 1: offload weights, drop KV;
+        level 2: drop both). A logged no-op where the platform lacks sleep mode (CPU)."""
+        llm = self._require_llm()
+        if not self._sleep_mode:
+            log.info("vLLM sleep mode is off on this platform; sleep(%d) does nothing", level)
+            return
+        await llm.sleep(level)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep`` (``tags``: ``["weights"]`` or ``["kv_cache"]`` to wake in stages)."""
+        llm = self._require_llm()
+        if not self._sleep_mode:
+            log.info("vLLM sleep mode is off on this platform; wake_up() does nothing")
+            return
+        await llm.wake_up(list(tags) if tags is not None else None)
+
+    async def weight_sums(self, names: Sequence[str]) -> dict[str, float]:
+        """``sum(|w|)`` of the named vLLM parameters, from the first worker (for tests)."""
+        results = await self._require_llm().collective_rpc(
+            "agentloop_weight_sums", args=(list(names),)
+        )
+        return dict(results[0])
+
+    def _require_llm(self) -> Any:
+        if self._llm is None:
+            raise InferenceError(
+                "VLLMEngine is not running; use `async with VLLMEngine.create(model_dir) as "
+                "engine:` or `await engine.start()` first"
+            )
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise InferenceError(
+                "VLLMEngine is used from another event loop than the one that started it; "
+                "vLLM's output handler lives in that loop, so start and use the engine in one loop"
+            )
+        return self._llm
+
+
+# ---------------------------------------------------------------------- helpers
+def _vllm_sampling(sampling: SamplingParams) -> Any:
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        n=1,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0 if sampling.top_k == -1 else sampling.top_k,
+        seed=sampling.seed,
+        stop_token_ids=list(sampling.stop_token_ids),
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _completion(out: Any, request_id: str) -> Completion:
+    reason = _FINISH.get(out.finish_reason or "")
+    if reason is None:
+        raise InferenceError(
+            f"vLLM request {request_id} ended with finish reason {out.finish_reason!r} "
+            f"(stop reason {out.stop_reason!r}); expected stop, length or abort"
+        )
+    ids = [int(t) for t in out.token_ids]
+    entries = out.logprobs or []
+    if len(entries) != len(ids):
+        raise InferenceError(
+            f"vLLM returned {len(ids)} tokens but {len(entries)} logprob entries for request "
+            f"{request_id}"
+        )
+    try:
+        logprobs = [entries[i][tok].logprob for i, tok in enumerate(ids)]
+    except KeyError as e:
+        raise InferenceError(
+            f"vLLM returned no logprob for sampled token {e} of request {request_id}"
+        ) from e
+    return Completion(token_ids=tuple(ids), logprobs=tuple(logprobs), finish_reason=reason)
+
+
+def _inference_error(e: Exception, prompt_len: int) -> InferenceError:
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(e, EngineDeadError):
+        return InferenceError(
+            "the vLLM engine process died (see its log above for the cause); restart the engine"
+        )
+    if isinstance(e, VLLMValidationError | ValueError):
+        return InferenceError(f"vLLM rejected a {prompt_len}-token prompt: {e}")
+    cause = e.__cause__ or e
+    return InferenceError(f"vLLM generation failed: {type(cause).__name__}: {cause}")
+
+
+def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Name → shape of every tensor in the model directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _collect(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors with no shared storage, checked against the checkpoint."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in named_tensors:
+        if name in out:
+            raise ConfigError(f"update_weights got tensor {name!r} twice")
+        if shapes:
+            if name not in shapes:
+                close = [n for n in shapes if n.endswith(name) or name.endswith(n)][:3]
+                raise ConfigError(
+                    f"update_weights: {name!r} is not a tensor of the served checkpoint; use "
+                    f"checkpoint names (e.g. {next(iter(shapes))!r})"
+                    + (f"; did you mean {close}?" if close else "")
+                )
+            if tuple(tensor.shape) != shapes[name]:
+                raise ConfigError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the checkpoint "
+                    f"has {shapes[name]}"
+                )
+        t = tensor.detach().to("cpu").contiguous()
+        if t.untyped_storage().data_ptr() in seen:  # tied weights: safetensors refuses sharing
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    if not out:
+        raise ConfigError("update_weights got no tensors")
+    return out
+
+
+def _write_file(tensors: dict[str, torch.Tensor], directory: str) -> str:
+    from safetensors.torch import save_file
+
+    dest = directory if os.path.isdir(directory) else tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix="agentloop-weights-", suffix=".safetensors", dir=dest)
+    os.close(fd)
+    try:
+        save_file(tensors, path)
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors)
+
+
+def _engine_processes(llm: Any) -> list[Any]:
+    """psutil handles of the engine core processes and their descendants (the workers)."""
+    import psutil
+
+    manager = getattr(getattr(llm.engine_core, "resources", None), "engine_manager", None)
+    procs: list[Any] = []
+    for proc in getattr(manager, "processes", None) or []:
+        try:
+            core = psutil.Process(proc.pid)
+            procs += [core, *core.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return procs
+
+
+def _reap(procs: list[Any], timeout: float) -> None:
+    """Wait for vLLM's processes to exit; kill (by pid) those still alive after ``timeout``."""
+    import multiprocessing
+
+    import psutil
+
+    multiprocessing.active_children()  # let multiprocessing join (reap) what vLLM already stopped
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        log.warning("vLLM process %d did not exit after shutdown; killing it", proc.pid)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+    multiprocessing.active_children()  # join exited children so no zombies remain

@@ -1,0 +1,32 @@
+"""Tools for agents: ``@tool``, schemas, tool-call parsers, per-episode sessions and dispatch."""
+
+from agentloop.tools.arith import python, safe_exec
+from agentloop.tools.context import ToolContext
+from agentloop.tools.parsers import (
+    HermesParser,
+    ToolCallParser,
+    available_parsers,
+    get_parser,
+    register_parser,
+)
+from agentloop.tools.tool import Tool, tool
+from agentloop.tools.toolset import ToolErrorKind, ToolResult, ToolSession, Toolset
+from agentloop.tools.truncate import truncate_to_tokens
+
+__all__ = [
+    "HermesParser",
+    "Tool",
+    "ToolCallParser",
+    "ToolContext",
+    "ToolErrorKind",
+    "ToolResult",
+    "ToolSession",
+    "Toolset",
+    "available_parsers",
+    "get_parser",
+    "python",
+    "register_parser",
+    "safe_exec",
+    "tool",
+    "truncate_to_tokens",
+]

@@ -1,0 +1,145 @@
+"""Running one tool function: per-tool concurrency and rate limits, deadlines, worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+__all__ = ["CANCEL_GRACE_S", "DeadlineExceeded", "ToolLimiter", "call_with_deadline"]
+
+# How long a timed-out (cancelled) async tool may take to unwind before the dispatcher moves on.
+CANCEL_GRACE_S = 1.0
+
+
+class DeadlineExceeded(Exception):
+    """The tool did not finish within its ``timeout_s`` (distinct from a TimeoutError the tool
+    raises itself, which is an ordinary tool exception)."""
+
+
+class ToolLimiter:
+    """Per-tool limits shared by every session and episode that uses the same ``Tool`` object.
+
+    ``max_concurrency`` is a semaphore. asyncio primitives bind to the loop that first uses them,
+    so there is one semaphore per running event loop (tests, threads and Ray actors may run
+    several). ``rate_limit_per_s`` is a token bucket holding one token: call starts are spaced at
+    least ``1 / rate`` seconds apart across all loops (a thread lock guards the schedule).
+    """
+
+    def __init__(self, max_concurrency: int | None, rate_limit_per_s: float | None) -> None:
+        self.max_concurrency = max_concurrency
+        self.interval_s = 1.0 / rate_limit_per_s if rate_limit_per_s else 0.0
+        self._lock = threading.Lock()
+        self._next_start = 0.0
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
+        self._semaphores = weakref.WeakKeyDictionary()
+
+    def _semaphore(self) -> asyncio.Semaphore | None:
+        if self.max_concurrency is None:
+            return None
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            sem = self._semaphores.get(loop)
+            if sem is None:
+                sem = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
+            return sem
+
+    def _reserve_start(self) -> float:
+        """Book the next free start time; return how long to wait for it."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_start)
+            self._next_start = start + self.interval_s
+            return start - now
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold a concurrency slot, then wait for the rate limit, for the duration of one call."""
+        sem = self._semaphore()
+        if sem is not None:
+            await sem.acquire()
+        try:
+            if self.interval_s:
+                delay = self._reserve_start()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            yield
+        finally:
+            if sem is not None:
+                sem.release()
+
+
+def _consume_result(fut: asyncio.Future[Any]) -> None:
+    # An abandoned call may still fail later; fetch its exception so asyncio does not log it.
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _start_thread(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str
+) -> asyncio.Future[Any]:
+    """Run ``fn(**kwargs)`` on a fresh daemon thread; its outcome lands in the returned future.
+
+    Not ``asyncio.to_thread``: the default executor has few workers (cores + 4), so sync tools
+    that hang past their timeout would fill it and stall every later sync tool, and
+    ``asyncio.run`` waits for its threads at shutdown. A daemon thread that hangs costs only
+    itself.
+    """
+    fut: asyncio.Future[Any] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, ctx.run(fn, **kwargs))
+        except BaseException as e:
+            outcome = (False, e)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(deliver, *outcome)
+
+    threading.Thread(target=target, name=f"agentloop-tool-{name}", daemon=True).start()
+    return fut
+
+
+async def call_with_deadline(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    *,
+    is_async: bool,
+    timeout_s: float,
+    name: str,
+) -> Any:
+    """Call the tool function and return its value, or raise ``DeadlineExceeded``.
+
+    Async tools run as their own task, cancelled at the deadline (and given ``CANCEL_GRACE_S`` to
+    unwind; one that ignores cancellation is abandoned, not awaited forever). Sync tools run on a
+    daemon thread that is abandoned at the deadline (Python cannot kill a thread).
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = (
+        asyncio.ensure_future(fn(**kwargs)) if is_async else _start_thread(loop, fn, kwargs, name)
+    )
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+    finally:
+        if not fut.done():
+            fut.cancel()
+            fut.add_done_callback(_consume_result)
+    if not done:
+        if is_async:
+            await asyncio.wait({fut}, timeout=CANCEL_GRACE_S)
+        raise DeadlineExceeded(f"tool {name!r} timed out after {timeout_s}s")
+    return fut.result()

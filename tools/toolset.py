@@ -1,0 +1,221 @@
+"""A set of tools, its per-episode sessions, and dispatch of a turn's calls into results."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import enum
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.errors import ToolError, ToolFatalError
+from agentloop.tools.context import ToolContext
+from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded, call_with_deadline
+from agentloop.tools.tool import Tool
+from agentloop.types import Message, ToolCall
+
+__all__ = ["ToolErrorKind", "ToolResult", "ToolSession", "Toolset"]
+
+logger = logging.getLogger(__name__)
+
+
+class ToolErrorKind(enum.StrEnum):
+    """Why a tool call produced an error result instead of the tool's output."""
+
+    INVALID_JSON = "invalid_json"  # the call could not be parsed (ToolCall.parse_error)
+    UNKNOWN_TOOL = "unknown_tool"  # no tool has that name
+    INVALID_ARGUMENTS = "invalid_arguments"  # arguments missing, unexpected or of the wrong type
+    TOOL_EXCEPTION = "tool_exception"  # the tool raised (or returned something not JSON-able)
+    TIMEOUT = "timeout"  # the tool ran past its timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one call, in call order. Errors are data: ``content`` starts with
+    ``Error:`` and says what went wrong, so the model can read it and fix its next call."""
+
+    call: ToolCall
+    content: str
+    error_kind: ToolErrorKind | None = None
+    latency_s: float = 0.0
+
+    @property
+    def is_error(self) -> bool:
+        return self.error_kind is not None
+
+    def to_message(self) -> Message:
+        """The ``tool`` message answering the call."""
+        return Message(
+            role="tool",
+            content=self.content,
+            name=self.call.name or None,
+            tool_call_id=self.call.id,
+        )
+
+
+class Toolset:
+    """The tools of an env, by name. ``schemas`` go to the chat template's ``tools``.
+
+    ``max_parallel`` bounds how many calls of one turn run at once. ``truncate`` (optional) is
+    applied to every result's content, e.g. ``functools.partial(truncate_to_tokens,
+    max_tokens=512, encode=..., decode=...)``.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        *,
+        max_parallel: int = 8,
+        truncate: Callable[[str], str] | None = None,
+    ) -> None:
+        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+            raise ToolError(f"Toolset max_parallel={max_parallel!r}; use an int >= 1")
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ToolError(
+                    f"Toolset got {t!r}, which is not a Tool; decorate the function with @tool"
+                )
+            if t.name in self._tools:
+                raise ToolError(
+                    f"two tools are named {t.name!r}; give one another name with @tool(name=...)"
+                )
+            self._tools[t.name] = t
+        self.max_parallel = max_parallel
+        self.truncate = truncate
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self._tools.values()]
+
+    def get(self, name: str) -> Tool:
+        """The tool called ``name``; ``ToolError`` with a close match if there is none."""
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise ToolError(self.unknown_tool_message(name)) from None
+
+    def unknown_tool_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, self._tools, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        available = ", ".join(self._tools) or "(none)"
+        return f"unknown tool {name!r}.{hint} Available tools: {available}."
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def session(self, task: Any = None) -> ToolSession:
+        """A per-episode session; use ``async with`` (or ``await session.aclose()`` at the end)."""
+        return ToolSession(self, task)
+
+
+class ToolSession:
+    """One episode's use of a ``Toolset``: its ``ToolContext`` and dispatch.
+
+    Closing the session (``async with`` exit or ``aclose()``) exits every resource the tools
+    entered through ``context.enter``, also when the episode fails or is cancelled.
+    """
+
+    def __init__(self, toolset: Toolset, task: Any = None) -> None:
+        self.toolset = toolset
+        self.context = ToolContext(task)
+
+    async def __aenter__(self) -> ToolSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.context.aclose()
+
+    async def dispatch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run a turn's calls concurrently (at most ``max_parallel`` at once); results in call
+        order. Every failure becomes an error result; only ``ToolFatalError`` propagates (the
+        other calls of the turn are then cancelled)."""
+        if self.context.closed:
+            raise ToolError("dispatch on a closed tool session; open a new one per episode")
+        if not calls:
+            return []
+        parallel = asyncio.Semaphore(self.toolset.max_parallel)
+        tasks = [asyncio.ensure_future(self._run(call, parallel)) for call in calls]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
+
+    async def _run(self, call: ToolCall, parallel: asyncio.Semaphore) -> ToolResult:
+        start = time.perf_counter()
+        content, kind = await self._execute(call, parallel)
+        if self.toolset.truncate is not None:
+            content = self.toolset.truncate(content)
+        return ToolResult(call, content, kind, time.perf_counter() - start)
+
+    async def _execute(
+        self, call: ToolCall, parallel: asyncio.Semaphore
+    ) -> tuple[str, ToolErrorKind | None]:
+        if call.parse_error is not None:
+            return f"Error: invalid tool call: {call.parse_error}", ToolErrorKind.INVALID_JSON
+        t = self.toolset._tools.get(call.name)
+        if t is None:
+            return (
+                f"Error: {self.toolset.unknown_tool_message(call.name)}",
+                ToolErrorKind.UNKNOWN_TOOL,
+            )
+        try:
+            kwargs = t.bind_arguments(call.arguments)
+        except ToolError as e:
+            return f"Error: {e}", ToolErrorKind.INVALID_ARGUMENTS
+        if t.context_param is not None:
+            kwargs[t.context_param] = self.context
+        async with t.limiter.slot(), parallel:
+            try:
+                value = await call_with_deadline(
+                    t.fn, kwargs, is_async=t.is_async, timeout_s=t.timeout_s, name=t.name
+                )
+            except ToolFatalError:
+                raise
+            except DeadlineExceeded as e:
+                return f"Error: {e}", ToolErrorKind.TIMEOUT
+            except ToolError as e:
+                return f"Error: tool {t.name!r} failed: {e}", ToolErrorKind.TOOL_EXCEPTION
+            except (Exception, SystemExit) as e:
+                logger.debug("tool %r raised", t.name, exc_info=True)
+                detail = f": {e}" if str(e) else ""
+                return (
+                    f"Error: tool {t.name!r} raised {type(e).__name__}{detail}",
+                    ToolErrorKind.TOOL_EXCEPTION,
+                )
+        return _render(t.name, value)
+
+
+def _render(name: str, value: Any) -> tuple[str, ToolErrorKind | None]:
+    """A tool's return value as observation text: str as-is, anything else as JSON."""
+    if isinstance(value, str):
+        return value, None
+    try:
+        return json.dumps(value, ensure_ascii=False), None
+    except (TypeError, ValueError):
+        return (
+            f"Error: tool {name!r} returned a {type(value).__name__}, which is not "
+            "JSON-serializable; the tool must return a str or JSON-able data",
+            ToolErrorKind.TOOL_EXCEPTION,
+        )
