@@ -11,6 +11,7 @@ conversations (see :meth:`TokenBuilder._probe_template`); a template that rewrit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agentloop.errors import TemplateError
@@ -19,6 +20,9 @@ from agentloop.types import Message
 __all__ = ["TokenBuilder"]
 
 _PROBE = "AGENTLOOP_PROBE_7f3c"
+_SLOT = "\x1eAGENTLOOP_SLOT_{}\x1e"
+_MAX_SHAPES = 1024
+_UNLEARNED: Any = object()
 _PROBE_MESSAGES = (
     Message("system", "probe system"),
     Message("user", "probe user"),
@@ -55,6 +59,7 @@ class TokenBuilder:
         self.stop_token_ids = _stop_token_ids(tokenizer)
         self._stop_texts = {i: tokenizer.convert_ids_to_tokens(i) for i in self.stop_token_ids}
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._fragments: dict[tuple[tuple[str, str | None, str | None], ...], Any] = {}
         self._probe_text = self.render(
             _PROBE_MESSAGES, add_generation_prompt=False, with_tools=False
         )
@@ -146,7 +151,42 @@ class TokenBuilder:
     # -- internals ---------------------------------------------------------------------------
 
     def _suffix(self, observation: Sequence[Message]) -> str:
-        """The text the template adds for ``observation`` after a finished assistant turn."""
+        """The text the template adds for ``observation`` after a finished assistant turn.
+
+        Per observation *shape* (roles, names, call ids) the template's text around each content is
+        learned once and then filled in, so a turn costs no template render. A shape is learned
+        only if filling reproduces real renders (including content with edge whitespace, which
+        ``trim`` filters would change); otherwise every call renders.
+        """
+        key = tuple((m.role, m.name, m.tool_call_id) for m in observation)
+        fragments = self._fragments.get(key, _UNLEARNED)
+        if fragments is _UNLEARNED:
+            fragments = self._learn_fragments(observation)
+            if len(self._fragments) < _MAX_SHAPES:
+                self._fragments[key] = fragments
+        if fragments is None:
+            return self._render_suffix(observation)
+        return _fill(fragments, [m.content for m in observation])
+
+    def _learn_fragments(self, observation: Sequence[Message]) -> tuple[str, ...] | None:
+        slots = [_SLOT.format(i) for i in range(len(observation))]
+        text = self._render_suffix(_with_contents(observation, slots))
+        fragments = []
+        for slot in slots:
+            before, found, text = text.partition(slot)
+            if not found:
+                return None
+            fragments.append(before)
+        fragments.append(text)
+        edgy = [f" \n{i} x\t\n " for i in range(len(observation))]
+        for contents in ([m.content for m in observation], edgy):
+            if _fill(fragments, contents) != self._render_suffix(
+                _with_contents(observation, contents)
+            ):
+                return None
+        return tuple(fragments)
+
+    def _render_suffix(self, observation: Sequence[Message]) -> str:
         # A fixed short history stands in for the real one: for a prefix-stable template the
         # suffix depends only on the new messages, and the short render is much cheaper.
         before = self._probe_text
@@ -181,6 +221,17 @@ class TokenBuilder:
         # A template is usable only if appending a user turn does not rewrite the assistant turn.
         self._suffix([Message("user", "probe follow-up")])
         return close
+
+
+def _with_contents(messages: Sequence[Message], contents: Sequence[str]) -> list[Message]:
+    return [replace(m, content=c) for m, c in zip(messages, contents, strict=True)]
+
+
+def _fill(fragments: Sequence[str], contents: Sequence[str]) -> str:
+    parts = [fragments[0]]
+    for content, fragment in zip(contents, fragments[1:], strict=True):
+        parts += [content, fragment]
+    return "".join(parts)
 
 
 def _stop_token_ids(tokenizer: Any) -> tuple[int, ...]:

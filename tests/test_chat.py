@@ -128,3 +128,27 @@ def test_check_text_accepts_a_real_conversation_and_catches_drift(tokenizer: Any
     builder.check_text(prompt + sampled + obs_ids + answer, messages)
     with pytest.raises(TemplateError, match="first difference"):
         builder.check_text(prompt + sampled + obs_ids[1:] + answer, messages)
+
+
+TRIMS_CONTENT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [None, LLAMA3, TRIMS_CONTENT])
+def test_observation_suffix_matches_a_full_render(tokenizer: Any, template: str | None) -> None:
+    """Learned template fragments (the fast path) must give exactly what rendering gives."""
+    tok = tokenizer
+    if template == LLAMA3:
+        tok = copy.deepcopy(tokenizer)
+        tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>",
+                                "<|end_header_id|>", "<|eot_id|>", "<|begin_of_text|>"]})  # fmt: skip
+        tok.eos_token = "<|eot_id|>"
+    builder = TokenBuilder(tok, chat_template=template)
+    history = [*PROMPT, Message("assistant", "x")]
+    for contents in (["4"], ["  padded \n", "second"], ["", "\n"], ["4"]):
+        obs = [Message("tool", c, name="python") for c in contents]
+        full = builder.render([*history, *obs], add_generation_prompt=True)
+        expected = full[len(builder.render(history, add_generation_prompt=False)) :]
+        assert builder._suffix(obs) == expected
