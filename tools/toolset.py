@@ -8,7 +8,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +60,9 @@ class ToolResult:
 class Toolset:
     """The tools of an env, by name. ``schemas`` go to the chat template's ``tools``.
 
-    ``max_parallel`` bounds how many calls of one turn run at once. ``truncate`` (optional) is
-    applied to every result's content, e.g. ``functools.partial(truncate_to_tokens,
-    max_tokens=512, encode=..., decode=...)``.
+    ``max_parallel`` bounds how many calls of one turn run at once. Results are not cut here:
+    the rollout loop cuts tool output to ``RolloutConfig.max_tool_output_tokens`` (one limit, in
+    tokens of the model's tokenizer).
     """
 
     def __init__(
@@ -70,7 +70,6 @@ class Toolset:
         tools: Sequence[Tool],
         *,
         max_parallel: int = 8,
-        truncate: Callable[[str], str] | None = None,
     ) -> None:
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
             raise ToolError(f"Toolset max_parallel={max_parallel!r}; use an int >= 1")
@@ -86,7 +85,6 @@ class Toolset:
                 )
             self._tools[t.name] = t
         self.max_parallel = max_parallel
-        self.truncate = truncate
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -165,8 +163,6 @@ class ToolSession:
     async def _run(self, call: ToolCall, parallel: asyncio.Semaphore) -> ToolResult:
         start = time.perf_counter()
         content, kind = await self._execute(call, parallel)
-        if self.toolset.truncate is not None:
-            content = self.toolset.truncate(content)
         return ToolResult(call, content, kind, time.perf_counter() - start)
 
     async def _execute(

@@ -333,14 +333,6 @@ async def test_rate_limit_spaces_call_starts() -> None:
     assert all(g >= 0.045 for g in gaps), gaps
 
 
-async def test_truncate_hook_applies_to_every_result() -> None:
-    toolset = Toolset([echo, explode], truncate=lambda s: s[:10])
-    results = await dispatch(
-        toolset, [call("echo", 0, text="x" * 50), call("explode", 1, message="y" * 50)]
-    )
-    assert [len(r.content) for r in results] == [10, 10]
-
-
 async def test_empty_turn_and_closed_session() -> None:
     toolset = Toolset([add])
     session = toolset.session()

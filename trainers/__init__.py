@@ -1,0 +1,1 @@
+"""Training: advantages and losses, batching/packing, policy worker, orchestration."""
