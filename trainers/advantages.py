@@ -1,0 +1,184 @@
+"""Outcome advantage estimators (grpo, rloo, reinforce_plus_plus) with verl's definitions."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from agentloop.errors import ConfigError
+from agentloop.trainers.losses import kl_penalty
+from agentloop.types import TrajectoryGroup
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "compute_advantages",
+    "kl_reward_penalty",
+    "masked_whiten",
+    "outcome_token_rewards",
+    "trajectory_advantages",
+]
+
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+
+
+def outcome_token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Token rewards ``[B, T]``: each outcome reward sits on its row's last loss token.
+
+    A row without loss tokens gets no reward anywhere (it trains nothing either way).
+    """
+    m = mask_BT > 0
+    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
+    last_T = torch.where(m, positions, -1).amax(dim=1)
+    out = torch.zeros(m.shape, dtype=rewards_B.dtype, device=rewards_B.device)
+    rows = torch.nonzero(last_T >= 0).squeeze(1)
+    out[rows, last_T[rows]] = rewards_B[rows]
+    return out
+
+
+def kl_reward_penalty(
+    token_rewards_BT: torch.Tensor,
+    logprob_BT: torch.Tensor,
+    ref_logprob_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    coef: float,
+    kind: str = "kl",
+) -> torch.Tensor:
+    """In-reward KL (verl ``apply_kl_penalty``): ``r_t - coef · kl_t`` on loss tokens."""
+    kl = torch.where(mask_BT > 0, kl_penalty(logprob_BT, ref_logprob_BT, kind), 0.0)
+    return token_rewards_BT - coef * kl
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + 1e-8)`` over masked entries, unbiased var (verl ``masked_whiten``).
+
+    With fewer than two masked entries the variance is undefined; the result is then ``x - mean``
+    (verl raises instead).
+    """
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = (x * m).sum() / n.clamp(min=1.0)
+    centered = x - mean
+    if float(n) < 2:
+        return centered
+    var = (centered.square() * m).sum() / (n - 1)
+    return centered * torch.rsqrt(var + 1e-8)
+
+
+def _group_ids(
+    group_index: Sequence[Hashable] | torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    if isinstance(group_index, torch.Tensor):
+        return torch.unique(group_index, return_inverse=True)[1].to(device)
+    ids: dict[Hashable, int] = {}
+    return torch.tensor([ids.setdefault(g, len(ids)) for g in group_index], device=device)
+
+
+def _group_scores(
+    scores_B: torch.Tensor, gid_B: torch.Tensor, mode: str, norm_by_std: bool, epsilon: float
+) -> torch.Tensor:
+    num = int(gid_B.max()) + 1 if gid_B.numel() else 0
+    count_G = torch.bincount(gid_B, minlength=num).to(scores_B.dtype)
+    sum_G = torch.zeros(num, dtype=scores_B.dtype, device=scores_B.device).index_add(
+        0, gid_B, scores_B
+    )
+    single_B = count_G[gid_B] == 1
+    mean_B = torch.where(single_B, 0.0, (sum_G / count_G)[gid_B])
+    if mode == "rloo":
+        n_B = count_G[gid_B]
+        # n/(n-1)·(r - mean) is r minus the mean of the other n-1; a lone sample keeps its reward
+        return torch.where(single_B, scores_B, (scores_B - mean_B) * n_B / (n_B - 1).clamp(min=1))
+    if not norm_by_std:
+        return scores_B - mean_B
+    sq_G = torch.zeros_like(sum_G).index_add(0, gid_B, (scores_B - mean_B).square())
+    std_B = torch.sqrt(sq_G / (count_G - 1).clamp(min=1))[gid_B]
+    std_B = torch.where(single_B, 1.0, std_B)
+    return (scores_B - mean_B) / (std_B + epsilon)
+
+
+def _discounted_returns(
+    token_rewards_BT: torch.Tensor, m: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    if gamma == 1.0:  # reverse cumulative sum; rewards off the mask are ignored, as in the loop
+        return torch.flip(torch.cumsum(torch.flip(token_rewards_BT * m, [1]), 1), [1]) * m
+    returns = torch.zeros_like(token_rewards_BT)
+    running = torch.zeros_like(token_rewards_BT[:, 0])
+    for t in reversed(range(token_rewards_BT.shape[1])):
+        keep = m[:, t] > 0
+        # observation tokens (mask 0) neither discount nor reset the return
+        running = torch.where(keep, token_rewards_BT[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(keep, running, 0.0)
+    return returns
+
+
+@torch.no_grad()
+def compute_advantages(
+    mode: str,
+    token_rewards_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    group_index: Sequence[Hashable] | torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+    gamma: float = 1.0,
+) -> torch.Tensor:
+    """Advantages ``[B, T]`` (zero off the mask) from token rewards, verl's formulas.
+
+    ``grpo``: ``(R - mean_g) / (std_g + ε)`` with the unbiased std of the group, or ``R - mean_g``
+    with ``norm_by_std=False`` (Dr.GRPO); a group of size 1 uses mean 0, std 1.
+    ``rloo``: ``R - mean of the other samples`` (size 1: ``R``).
+    ``reinforce_plus_plus``: discounted return over loss tokens, whitened over every loss token
+    of the batch (so compute it on the whole batch, before any DP split). verl resets the return
+    at every mask-0 token; here observation tokens are skipped instead, so earlier turns still see
+    the final reward — identical to verl on single-turn data.
+    ``R`` is the row's sum of token rewards; ``group_index`` names each row's group (prompt).
+    """
+    if mode not in ADV_ESTIMATORS:
+        raise ConfigError(
+            f"adv_estimator {mode!r} is not one of {ADV_ESTIMATORS}; pick one of those"
+        )
+    m = (mask_BT > 0).to(token_rewards_BT.dtype)
+    if mode == "reinforce_plus_plus":
+        returns = _discounted_returns(token_rewards_BT, m, gamma)
+        return masked_whiten(returns, m) * m
+    gid_B = _group_ids(group_index, token_rewards_BT.device)
+    if gid_B.shape[0] != token_rewards_BT.shape[0]:
+        raise ValueError(
+            f"group_index has {gid_B.shape[0]} entries for {token_rewards_BT.shape[0]} rows"
+        )
+    scores_B = _group_scores(token_rewards_BT.sum(dim=-1), gid_B, mode, norm_by_std, epsilon)
+    return scores_B[:, None] * m
+
+
+def trajectory_advantages(
+    groups: Sequence[TrajectoryGroup],
+    mode: str,
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+    gamma: float = 1.0,
+) -> list[torch.Tensor]:
+    """Per-token advantages ``[L_i]`` (float32) for every trajectory, groups in order.
+
+    Rewards are outcome rewards (``Trajectory.reward``) placed on the last loss token; positions
+    with ``loss_mask`` 0 (prompt, observations) get 0.
+    """
+    trajs = [t for g in groups for t in g.trajectories]
+    if not trajs:
+        return []
+    width = max(len(t.token_ids) for t in trajs)
+    mask_BT = torch.zeros(len(trajs), width)
+    for i, t in enumerate(trajs):
+        mask_BT[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    rewards_B = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    index = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
+    adv = compute_advantages(
+        mode,
+        outcome_token_rewards(rewards_B, mask_BT),
+        mask_BT,
+        index,
+        norm_by_std=norm_by_std,
+        epsilon=epsilon,
+        gamma=gamma,
+    )
+    return [adv[i, : len(t.token_ids)].clone() for i, t in enumerate(trajs)]

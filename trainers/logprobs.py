@@ -1,0 +1,176 @@
+"""Per-token logprobs (and entropy) of an HF causal LM on packed or padded batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentloop.errors import ConfigError
+from agentloop.trainers.packing import MicroBatch, PaddedBatch
+
+__all__ = [
+    "PACKED_ATTN_IMPLEMENTATIONS",
+    "TokenLogprobs",
+    "logprobs_from_logits",
+    "token_logprobs",
+]
+
+# Attention implementations that keep packed sequences apart given restarting position_ids and
+# no attention_mask (transformers 5.x): sdpa/eager/flex through masking_utils'
+# find_packed_sequence_indices (a block-diagonal causal mask; sdpa/eager materialise it as
+# [1, 1, T, T]), flash through cu_seqlens (passed explicitly below, varlen kernel, no T² mask).
+PACKED_ATTN_IMPLEMENTATIONS = (
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """``logprobs[b, t] = log p(token t | tokens < t)`` (fp32); 0 at each sequence's first token
+    and at padding. ``entropy[b, t]``: entropy of that same predictive distribution."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    """Gathered log-softmax (and entropy) over ``[N, V]`` logits, chunked along ``N``.
+
+    Only one ``[chunk, V]`` fp32 block exists at a time, in forward and in backward (which
+    recomputes the softmax); what is saved is the logits themselves, in their own dtype.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = logits.shape[0]
+        lp = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(lp)
+        ent = torch.empty_like(lp) if with_entropy else lp.new_zeros(0)
+        for s in range(0, n, chunk_size):
+            z = logits[s : s + chunk_size].float() / temperature
+            lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
+            lab = labels[s : s + chunk_size, None]
+            lp[s : s + chunk_size] = z.gather(1, lab)[:, 0] - lse[s : s + chunk_size]
+            if with_entropy:
+                p = torch.exp(z - lse[s : s + chunk_size, None])
+                ent[s : s + chunk_size] = lse[s : s + chunk_size] - (p * z).sum(-1)
+        ctx.save_for_backward(logits, labels, lse, ent)
+        ctx.temperature, ctx.with_entropy, ctx.chunk_size = temperature, with_entropy, chunk_size
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None, None, None, None]:
+        logits, labels, lse, ent = ctx.saved_tensors
+        temp, c = ctx.temperature, ctx.chunk_size
+        grad = torch.empty_like(logits)
+        for s in range(0, logits.shape[0], c):
+            logp = logits[s : s + c].float() / temp - lse[s : s + c, None]
+            p = torch.exp(logp)
+            g = torch.zeros_like(p)
+            if g_lp is not None:
+                g -= p * g_lp[s : s + c, None]
+                g.scatter_add_(1, labels[s : s + c, None], g_lp[s : s + c, None].float())
+            if ctx.with_entropy and g_ent is not None:
+                # dH/dz_j = -p_j (log p_j + H)
+                g -= g_ent[s : s + c, None] * p * (logp + ent[s : s + c, None])
+            grad[s : s + c] = (g / temp).to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def logprobs_from_logits(
+    logits_NV: torch.Tensor,
+    labels_N: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits / temperature)[label]`` per row ``[N]`` (fp32), and the entropy."""
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0 to score tokens, got {temperature}")
+    lp, ent = _ChunkedLogprob.apply(logits_NV, labels_N, temperature, with_entropy, chunk_size)
+    return lp, (ent if with_entropy else None)
+
+
+def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> torch.Tensor:
+    if isinstance(batch, PaddedBatch):
+        return model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits
+    impl = str(getattr(model.config, "_attn_implementation", None))
+    kwargs: dict[str, Any] = {}
+    if "flash" in impl:
+        cu = batch.cu_seqlens.to(device=batch.input_ids.device, dtype=torch.int32)
+        kwargs = dict(
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+            max_length_q=batch.max_seqlen, max_length_k=batch.max_seqlen,
+        )  # fmt: skip
+    elif impl not in PACKED_ATTN_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"attention implementation {impl!r} is not known to separate packed sequences; use "
+            f"one of {PACKED_ATTN_IMPLEMENTATIONS}"
+        )
+    # use_cache=False matters: with a cache object (config.use_cache defaults to True) transformers
+    # skips packed-sequence detection and every token attends across sequence boundaries.
+    return model(
+        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **kwargs
+    ).logits
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: MicroBatch | PaddedBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 1024,
+) -> TokenLogprobs:
+    """Run ``model`` on a packed ``[1, T]`` (or padded ``[B, L]``) batch; logprobs aligned with
+    the batch: position ``t`` scores token ``t`` with the logits at ``t - 1``.
+
+    Packed: no attention mask is passed, position ids restart per sequence and
+    ``use_cache=False``, so attention never crosses a sequence boundary (flash kernels also get
+    ``cu_seqlens``). Divide by ``temperature`` as the sampler did, so logprobs match the engine's.
+    """
+    logits = _forward_logits(model, batch)  # [B, T, V]
+    ids = batch.input_ids
+    labels = torch.roll(ids, shifts=-1, dims=1)  # labels[t] = ids[t + 1]
+    lp, ent = logprobs_from_logits(
+        logits.reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_size=chunk_size,
+    )
+    if isinstance(batch, PaddedBatch):
+        valid = batch.attention_mask.to(torch.bool).clone()
+        valid[:, 0] = False
+    else:
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        valid[0, batch.cu_seqlens[:-1].long().to(ids.device)] = False
+
+    def align(x: torch.Tensor) -> torch.Tensor:
+        # x[t] belongs to token t+1: shift right; sequence starts and padding get 0
+        return torch.where(valid, torch.roll(x.view(ids.shape), shifts=1, dims=1), 0.0)
+
+    return TokenLogprobs(logprobs=align(lp), entropy=None if ent is None else align(ent))
