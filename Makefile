@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-# Debian packages the real components need (sandbox isolation, cgroups tools).
-APT_PACKAGES := bubblewrap util-linux
+# Debian packages the real components need: bubblewrap (local sandbox), podman + runc (a Docker
+# Engine API for the docker sandbox backend), chromium (the viewer's browser test).
+APT_PACKAGES := bubblewrap util-linux podman runc chromium
 
 .PHONY: setup sysdeps demo test lint typecheck unit clean
 

@@ -1,1 +1,47 @@
-"""agentloop.sandboxes"""
+"""agentloop.sandboxes: run untrusted code — local bubblewrap, Docker, remote server, fake.
+
+    async with make_sandbox("local") as sb:
+        print((await sb.run("print(1 + 1)")).stdout)
+        async with sb.session() as s:          # a notebook-like kernel
+            await s.run("x = 41")
+            print((await s.run("print(x + 1)")).stdout)
+
+Backends are registered by name and imported lazily: ``local`` (default), ``docker``, ``remote``,
+``fake`` and the explicit, unisolated ``subprocess_unsafe``.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    LANGUAGES,
+    ExecResult,
+    Sandbox,
+    SandboxFactory,
+    SandboxLimits,
+    SandboxSession,
+    available_sandboxes,
+    make_sandbox,
+    register_sandbox,
+)
+from .fake import FakeSandbox
+
+__all__ = [
+    "LANGUAGES",
+    "ExecResult",
+    "FakeSandbox",
+    "Sandbox",
+    "SandboxFactory",
+    "SandboxLimits",
+    "SandboxSession",
+    "available_sandboxes",
+    "make_sandbox",
+    "register_sandbox",
+]
+
+register_sandbox("local", "agentloop.sandboxes.local:LocalSandbox")
+register_sandbox("docker", "agentloop.sandboxes.docker:DockerSandbox")
+register_sandbox("remote", "agentloop.sandboxes.remote:RemoteSandbox")
+register_sandbox(
+    "subprocess_unsafe", "agentloop.sandboxes.subprocess_unsafe:UnsafeSubprocessSandbox"
+)
+register_sandbox("fake", FakeSandbox)

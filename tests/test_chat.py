@@ -142,8 +142,8 @@ def test_observation_suffix_matches_a_full_render(tokenizer: Any, template: str 
     tok = tokenizer
     if template == LLAMA3:
         tok = copy.deepcopy(tokenizer)
-        tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>",
-                                "<|end_header_id|>", "<|eot_id|>", "<|begin_of_text|>"]})  # fmt: skip
+        specials = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|begin_of_text|>"]
+        tok.add_special_tokens({"additional_special_tokens": specials})
         tok.eos_token = "<|eot_id|>"
     builder = TokenBuilder(tok, chat_template=template)
     history = [*PROMPT, Message("assistant", "x")]

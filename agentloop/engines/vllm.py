@@ -8,7 +8,6 @@ import dataclasses
 import gc
 import logging
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,7 +47,8 @@ class VLLMConfig:
     supports it (CUDA/ROCm/XPU, not CPU). ``weight_transport`` picks how ``update_weights``
     ships tensors to the workers: ``"file"`` writes one safetensors file to ``shm_dir`` that the
     workers mmap (fastest; needs workers on this host), ``"bytes"`` sends the safetensors blob
-    through vLLM's RPC. ``engine_args`` are passed to ``AsyncEngineArgs`` verbatim.
+    through vLLM's RPC; a reload that takes longer than ``weight_sync_timeout_s`` fails.
+    ``engine_args`` are passed to ``AsyncEngineArgs`` verbatim.
     """
 
     model: str
@@ -65,6 +65,7 @@ class VLLMConfig:
     weight_transport: Literal["file", "bytes"] = "file"
     shm_dir: str = "/dev/shm"
     shutdown_timeout_s: float = 10.0
+    weight_sync_timeout_s: float = 600.0
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +79,9 @@ class VLLMConfig:
         for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"vllm.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("shutdown_timeout_s", "weight_sync_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"vllm.{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -181,6 +185,8 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from agentloop.engines.vllm_ext import checkpoint_shapes
+
         cfg = self.config
         self._sleep_mode = (
             current_platform.is_sleep_mode_available()
@@ -207,17 +213,19 @@ class VLLMEngine:
             "disable_log_stats": True,
             **cfg.engine_args,
         }
-        self._ckpt_shapes = _checkpoint_shapes(Path(cfg.model))
+        self._ckpt_shapes = checkpoint_shapes(cfg.model)
         t0 = time.perf_counter()
         try:
             engine_args = AsyncEngineArgs(**args)
-            llm = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
+            # No local name for the AsyncLLM: a frame kept alive by a stored traceback would
+            # otherwise keep it alive past shutdown (its __del__ then fails at interpreter exit).
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
         except Exception as e:
             raise InferenceError(
                 f"vLLM could not start on {cfg.model!r}: {type(e).__name__}: {e}"
             ) from e
-        self._llm, self._loop = llm, asyncio.get_running_loop()
-        self._procs = _engine_processes(llm)
+        self._loop = asyncio.get_running_loop()
+        self._procs = _engine_processes(self._llm)
         log.info(
             "vLLM started on %s in %.1f s (pids %s)", cfg.model, time.perf_counter() - t0, self.pids
         )
@@ -249,7 +257,7 @@ class VLLMEngine:
     ) -> Completion:
         """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`."""
         llm = self._require_llm()
-        prompt = [int(t) for t in prompt_ids]
+        prompt = _token_ids(prompt_ids)
         if not prompt:
             raise InferenceError("prompt_ids is empty; a prompt needs at least one token")
         if len(prompt) >= self.config.max_model_len:
@@ -286,23 +294,30 @@ class VLLMEngine:
         Meant for the gap between rollout phases. Requests still in flight are preempted and
         resume under the new weights (their KV cache is recomputed).
         """
+        from agentloop.engines.vllm_ext import pack_tensors, safetensors_bytes, write_safetensors
+
         llm = self._require_llm()
         transport = transport or self.config.weight_transport
         if transport not in ("file", "bytes"):
             raise ConfigError(f"weight transport {transport!r} is not 'file' or 'bytes'")
+        timeout = self.config.weight_sync_timeout_s
         t0 = time.perf_counter()
-        tensors = _collect(named_tensors, self._ckpt_shapes)
+        tensors = pack_tensors(named_tensors, self._ckpt_shapes)
         num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         path: str | None = None
         try:
             if transport == "file":
-                path = await asyncio.to_thread(_write_file, tensors, self.config.shm_dir)
+                path = await asyncio.to_thread(write_safetensors, tensors, self.config.shm_dir)
                 t1 = time.perf_counter()
-                results = await llm.collective_rpc("agentloop_reload_from_file", args=(path,))
+                results = await llm.collective_rpc(
+                    "agentloop_reload_from_file", timeout=timeout, args=(path,)
+                )
             else:
-                blob = await asyncio.to_thread(_to_bytes, tensors)
+                blob = await asyncio.to_thread(safetensors_bytes, tensors)
                 t1 = time.perf_counter()
-                results = await llm.collective_rpc("agentloop_reload_from_bytes", args=(blob,))
+                results = await llm.collective_rpc(
+                    "agentloop_reload_from_bytes", timeout=timeout, args=(blob,)
+                )
             await llm.reset_prefix_cache(reset_running_requests=True)
         except Exception as e:
             raise InferenceError(
@@ -422,70 +437,6 @@ def _inference_error(e: Exception, prompt_len: int) -> InferenceError:
     return InferenceError(f"vLLM generation failed: {type(cause).__name__}: {cause}")
 
 
-def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    """Name → shape of every tensor in the model directory's safetensors files (headers only)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
-def _collect(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]]
-) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU tensors with no shared storage, checked against the checkpoint."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, tensor in named_tensors:
-        if name in out:
-            raise ConfigError(f"update_weights got tensor {name!r} twice")
-        if shapes:
-            if name not in shapes:
-                close = [n for n in shapes if n.endswith(name) or name.endswith(n)][:3]
-                raise ConfigError(
-                    f"update_weights: {name!r} is not a tensor of the served checkpoint; use "
-                    f"checkpoint names (e.g. {next(iter(shapes))!r})"
-                    + (f"; did you mean {close}?" if close else "")
-                )
-            if tuple(tensor.shape) != shapes[name]:
-                raise ConfigError(
-                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the checkpoint "
-                    f"has {shapes[name]}"
-                )
-        t = tensor.detach().to("cpu").contiguous()
-        if t.untyped_storage().data_ptr() in seen:  # tied weights: safetensors refuses sharing
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = t
-    if not out:
-        raise ConfigError("update_weights got no tensors")
-    return out
-
-
-def _write_file(tensors: dict[str, torch.Tensor], directory: str) -> str:
-    from safetensors.torch import save_file
-
-    dest = directory if os.path.isdir(directory) else tempfile.gettempdir()
-    fd, path = tempfile.mkstemp(prefix="agentloop-weights-", suffix=".safetensors", dir=dest)
-    os.close(fd)
-    try:
-        save_file(tensors, path)
-    except BaseException:
-        Path(path).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
-    return save(tensors)
-
-
 def _engine_processes(llm: Any) -> list[Any]:
     """psutil handles of the engine core processes and their descendants (the workers)."""
     import psutil
@@ -515,3 +466,13 @@ def _reap(procs: list[Any], timeout: float) -> None:
             proc.kill()
     psutil.wait_procs(alive, timeout=timeout)
     multiprocessing.active_children()  # join exited children so no zombies remain
+
+
+def _token_ids(prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt as a list of ints, or a clear error naming what was passed instead."""
+    try:
+        return [int(t) for t in prompt_ids]
+    except (TypeError, ValueError) as e:
+        raise InferenceError(
+            f"prompt_ids must be a sequence of token ids (ints), got {str(prompt_ids)[:80]!r}"
+        ) from e

@@ -1,29 +1,42 @@
-"""vLLM worker extension: in-place weight reload from a safetensors file or blob.
+"""Weight sync for vLLM: packing tensors on the sender side, reloading them in vLLM's workers.
 
-vLLM mixes this class into every worker (``worker_extension_cls=
-"agentloop.engines.vllm_ext.WeightSyncExtension"``); the engine process calls its methods through
-``AsyncLLM.collective_rpc``. Tensors cannot be RPC arguments (vLLM's msgpack decoder has no type
-hint for them and turns them into nested lists), so the weights travel as a safetensors file in
-``/dev/shm`` (the default: one copy, read with mmap by every worker) or as raw safetensors bytes.
+vLLM mixes :class:`WeightSyncExtension` into every worker (``worker_extension_cls=
+"agentloop.engines.vllm_ext.WeightSyncExtension"``); ``VLLMEngine.update_weights`` calls its
+methods through ``AsyncLLM.collective_rpc``. Tensors cannot be RPC arguments (vLLM's msgpack
+decoder has no type hint for them and turns them into nested lists), so the weights travel as one
+safetensors file in ``/dev/shm`` (default: one copy, mmapped by every worker) or as a safetensors
+blob inside the RPC message.
 
-The weights go through ``model_runner.reload_weights(..., is_checkpoint_format=True)``: the model's
-own ``load_weights`` with checkpoint names, followed by the backend's post-load processing. Copying
-into parameters directly is wrong on the CPU backend, which repacks linear weights at load time.
+The workers load through ``model_runner.reload_weights(..., is_checkpoint_format=True)``: the
+model's own ``load_weights`` with checkpoint names, then the backend's post-load processing.
+Copying into parameters directly is wrong on the CPU backend, which repacks linear weights.
 
-This module is imported inside vLLM's worker processes; it imports only torch and safetensors.
+Imported inside vLLM's worker processes: this module imports only torch and safetensors.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["WeightSyncExtension"]
+from agentloop.errors import ConfigError
+
+__all__ = [
+    "WeightSyncExtension",
+    "checkpoint_shapes",
+    "pack_tensors",
+    "safetensors_bytes",
+    "write_safetensors",
+]
 
 
+# ---------------------------------------------------------------------- worker side
 class WeightSyncExtension:
     """Methods added to each vLLM worker. Names carry an ``agentloop_`` prefix so they never
     shadow a method of vLLM's own worker classes."""
@@ -63,3 +76,76 @@ class WeightSyncExtension:
         checkpoint names where vLLM fuses layers (``qkv_proj``)."""
         params = dict(self.model_runner.get_model().named_parameters())
         return {n: float(params[n].detach().double().abs().sum()) for n in names if n in params}
+
+
+# ---------------------------------------------------------------------- sender side
+def checkpoint_shapes(model_dir: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
+    """Name → shape of every tensor in a model directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def pack_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors without shared storage (safetensors refuses sharing, e.g.
+    tied embeddings), checked against the checkpoint's names and shapes when ``shapes`` is given."""
+    out: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in named_tensors:
+        if name in out:
+            raise ConfigError(f"update_weights got tensor {name!r} twice")
+        if shapes:
+            _check_against_checkpoint(name, tuple(tensor.shape), shapes)
+        t = tensor.detach().to("cpu").contiguous()
+        if t.untyped_storage().data_ptr() in storages:
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    if not out:
+        raise ConfigError("update_weights got no tensors")
+    return out
+
+
+def _check_against_checkpoint(
+    name: str, shape: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]]
+) -> None:
+    if name not in shapes:
+        close = [n for n in shapes if n.endswith(name) or name.endswith(n)][:3]
+        raise ConfigError(
+            f"update_weights: {name!r} is not a tensor of the served checkpoint; use checkpoint "
+            f"names (e.g. {next(iter(shapes))!r})" + (f"; did you mean {close}?" if close else "")
+        )
+    if shape != shapes[name]:
+        raise ConfigError(
+            f"update_weights: {name!r} has shape {shape}, the checkpoint has {shapes[name]}"
+        )
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], directory: str) -> str:
+    """Write ``tensors`` to a fresh file in ``directory`` (the temp dir if it does not exist)
+    and return its path; the caller deletes it."""
+    from safetensors.torch import save_file
+
+    dest = directory if os.path.isdir(directory) else tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix="agentloop-weights-", suffix=".safetensors", dir=dest)
+    os.close(fd)
+    try:
+        save_file(tensors, path)
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """``tensors`` as one safetensors blob."""
+    from safetensors.torch import save
+
+    return save(tensors)

@@ -1,0 +1,371 @@
+"""Offline evaluation: play an env split with the training rollout loop; resume; write results."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from agentloop.chat import TokenBuilder
+from agentloop.collect import collect
+from agentloop.engines.base import Engine
+from agentloop.envs import Env, extract_boxed, make, math_equal
+from agentloop.envs.rewards import last_assistant_text
+from agentloop.errors import ConfigError
+from agentloop.eval_report import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    TRAJECTORIES_FILE,
+    EvalSummary,
+    read_run,
+    summarize,
+)
+from agentloop.io import JsonlWriter, trajectory_to_dict
+from agentloop.rollout import RolloutConfig
+from agentloop.tools import get_parser
+from agentloop.types import Message, Task, Trajectory
+
+__all__ = [
+    "ENGINES",
+    "AnswerHook",
+    "EvalConfig",
+    "answer_hook",
+    "config_fingerprint",
+    "config_hash",
+    "eval_async",
+    "open_engine",
+    "register_answer_hook",
+    "run_eval",
+]
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "vllm", "hf", "openai")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One eval run. ``num_tasks=None`` takes the whole split; ``engine="auto"`` is vLLM when it is
+    installed, else HF. ``pass_threshold``: an episode counts as a success (pass@k) when its
+    reward is at least this. ``engine_args`` go to the engine's constructor (vLLM settings;
+    ``served_model`` for the OpenAI engine). ``resume`` continues the run in ``out``; it needs the
+    same config hash, model, split and seed, and may raise ``n`` or ``num_tasks`` to extend it."""
+
+    env: str
+    model: str
+    out: Path
+    n: int = 8
+    num_tasks: int | None = None
+    split: str = "test"
+    engine: str = "auto"
+    base_url: str | None = None
+    seed: int = 0
+    concurrency: int = 64
+    resume: bool = False
+    pass_threshold: float = 1.0
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "model", str(Path(self.model).resolve()))
+        if (
+            self.n < 1
+            or self.concurrency < 1
+            or (self.num_tasks is not None and self.num_tasks < 1)
+        ):
+            raise ConfigError(
+                f"eval needs --n >= 1, --concurrency >= 1 and --num-tasks >= 1; got n={self.n}, "
+                f"concurrency={self.concurrency}, num_tasks={self.num_tasks}"
+            )
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine {self.engine!r} is not one of {ENGINES}")
+        if self.engine == "openai" and not self.base_url:
+            raise ConfigError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        if not Path(self.model).is_dir():
+            raise ConfigError(
+                f"--model {self.model!r} is not a directory; pass a local model (or, with "
+                "--engine openai, tokenizer) directory"
+            )
+
+
+# ---------------------------------------------------------------------- answer hooks
+@dataclass(frozen=True)
+class AnswerHook:
+    """How an env's final answer is read (for majority voting): ``extract(messages)`` gives the
+    answer or None, ``normalize`` makes equal answers equal strings, ``check(answer, task)`` says
+    whether it is right. An env provides one as an ``answer_hook`` attribute, or register one."""
+
+    extract: Callable[[Sequence[Message]], str | None]
+    check: Callable[[str, Task], bool]
+    normalize: Callable[[str], str] = lambda s: " ".join(s.split())
+
+
+_HOOKS: dict[str, AnswerHook] = {}
+
+
+def register_answer_hook(env_id: str, hook: AnswerHook) -> None:
+    """Use ``hook`` for env ``env_id`` (for envs that do not carry an ``answer_hook``)."""
+    _HOOKS[env_id] = hook
+
+
+def answer_hook(env: Env) -> AnswerHook | None:
+    """The env's own ``answer_hook``, else the one registered for its id, else None."""
+    own = getattr(env, "answer_hook", None)
+    return own if isinstance(own, AnswerHook) else _HOOKS.get(env.env_id or "")
+
+
+def _number_key(text: str) -> str:
+    try:
+        return str(Fraction(text.replace(",", "").replace(" ", "")))
+    except (ValueError, ZeroDivisionError):
+        return " ".join(text.split())
+
+
+register_answer_hook(
+    "agentloop/Calc-v0",
+    AnswerHook(
+        extract=lambda messages: extract_boxed(last_assistant_text(messages)),
+        check=lambda answer, task: math_equal(answer, task.data["answer"]),
+        normalize=_number_key,
+    ),
+)
+
+
+# ---------------------------------------------------------------------- config hash
+def config_fingerprint(
+    builder: TokenBuilder, config: EvalConfig, hook: AnswerHook | None
+) -> dict[str, str]:
+    """sha256 per part of what makes two evals comparable: template, parser, tools, rollout
+    limits, sampling, env and scoring. The model, engine and seed are deliberately not in it."""
+    r = config.rollout
+    parser = type(get_parser(r.parser))
+    parts: dict[str, Any] = {
+        "chat_template": builder.chat_template,
+        "parser": [r.parser, f"{parser.__module__}.{parser.__qualname__}"],
+        "tools": builder.tools or [],
+        "rollout": dataclasses.asdict(r),
+        "sampling": {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "stop_token_ids": list(builder.stop_token_ids),
+        },
+        "env": {"id": config.env, "kwargs": dict(config.env_kwargs)},
+        "scoring": {"pass_threshold": config.pass_threshold, "answer_hook": hook is not None},
+    }
+    return {k: _sha256(v) for k, v in parts.items()}
+
+
+def _sha256(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_hash(parts: Mapping[str, str]) -> str:
+    """The one hash over all parts of :func:`config_fingerprint`."""
+    return _sha256(dict(parts))
+
+
+# ---------------------------------------------------------------------- running
+@contextlib.asynccontextmanager
+async def open_engine(config: EvalConfig) -> AsyncIterator[Engine]:
+    """The engine ``config.engine`` names, started, and shut down on exit."""
+    kind = config.engine
+    if kind == "auto":
+        kind = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if kind == "hf":
+        from agentloop.engines.hf import HFEngine
+
+        yield HFEngine.from_pretrained(config.model, **config.engine_args)
+    elif kind == "vllm":
+        from agentloop.engines.vllm import VLLMEngine
+
+        r = config.rollout
+        settings = {"max_model_len": r.max_prompt_len + r.max_response_len, "seed": config.seed,
+                    **config.engine_args}  # fmt: skip
+        async with VLLMEngine.create(config.model, **settings) as engine:
+            yield engine
+    else:
+        from agentloop.engines.openai_http import OpenAIEngine
+
+        served = str(config.engine_args.get("served_model", config.model))
+        api_key = os.environ.get("OPENAI_API_KEY")
+        async with OpenAIEngine(str(config.base_url), served, api_key) as engine:
+            yield engine
+
+
+def run_eval(config: EvalConfig, *, progress: bool = True) -> EvalSummary:
+    """Evaluate ``config.model`` on ``config.n`` samples of each task. Writes ``config.json``
+    first, appends to ``trajectories.jsonl`` as each episode finishes, then writes
+    ``summary.json``, all in ``config.out``. With ``resume`` the (task, sample) pairs already in
+    the file are kept and not played again."""
+    return asyncio.run(eval_async(config, progress=progress))
+
+
+async def eval_async(
+    config: EvalConfig, *, engine: Engine | None = None, progress: bool = True
+) -> EvalSummary:
+    """:func:`run_eval` in a running event loop, optionally with an engine already started in
+    it (validation during training, tests); without one the engine ``config.engine`` is started
+    and shut down here."""
+    from transformers import AutoTokenizer
+
+    env = make(config.env, **config.env_kwargs)
+    builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
+    hook = answer_hook(env)
+    parts = config_fingerprint(builder, config, hook)
+    chash = config_hash(parts)
+    tasks = list(env.tasks(config.split, config.num_tasks))
+    done = _prepare_out(config, parts, chash)
+    wanted = {(t.id, i) for t in tasks for i in range(config.n)}
+    pending = len(wanted - done)
+    log.info("%d episodes to play, %d already done", pending, len(wanted & done))
+    task_by_id = {t.id: t for t in tasks}
+    started, tokens = time.perf_counter(), 0
+    bar = _progress_bar(pending, progress)
+    try:
+        with JsonlWriter(config.out / TRAJECTORIES_FILE) as writer:
+
+            def on_trajectory(t: Trajectory) -> None:
+                nonlocal tokens
+                if (t.task_id, t.sample_index) in done:
+                    return  # replayed for a half-finished task: the first copy stays
+                done.add((t.task_id, t.sample_index))
+                writer.write(_record(t, config.env, hook, task_by_id[t.task_id]))
+                tokens += t.num_trained_tokens
+                bar.update(1)
+
+            gen_s = await _collect_missing(tasks, set(done), config, builder, on_trajectory, engine)
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - started
+    records = [r for r in read_run(config.out) if (r["task_id"], r["sample_index"]) in wanted]
+    summary = summarize(
+        records,
+        env=config.env,
+        model=config.model,
+        split=config.split,
+        samples_per_task=config.n,
+        pass_threshold=config.pass_threshold,
+        config_hash=chash,
+        tokens_per_s=tokens / gen_s if pending and gen_s > 0 else None,
+        elapsed_s=elapsed,
+    )
+    _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), "config_parts": parts})
+    return summary
+
+
+async def _collect_missing(
+    tasks: Sequence[Task],
+    done: set[tuple[str, int]],
+    config: EvalConfig,
+    builder: TokenBuilder,
+    on_trajectory: Callable[[Trajectory], None],
+    engine: Engine | None,
+) -> float:
+    """``collect`` the (task, sample) pairs not in ``done``; return the seconds spent playing
+    (engine start-up excluded). ``collect`` plays sample indices
+    ``0..group_size-1``, so a task cut short by a kill replays up to its last missing index and
+    ``on_trajectory`` drops the repeats. Such tasks are few (the episodes in flight at the kill);
+    untouched tasks, the bulk, go in one call."""
+    by_size: dict[int, list[Task]] = {}
+    for task in tasks:
+        missing = [i for i in range(config.n) if (task.id, i) not in done]
+        if missing:
+            size = config.n if len(missing) == config.n else missing[-1] + 1
+            by_size.setdefault(size, []).append(task)
+    if not by_size:
+        return 0.0
+    opened = open_engine(config) if engine is None else contextlib.nullcontext(engine)
+    async with opened as live:
+        started = time.perf_counter()
+        for size, group in sorted(by_size.items()):
+            await collect(
+                group, config.env, live, builder,
+                config=config.rollout, group_size=size, concurrency=config.concurrency,
+                seed=config.seed, env_kwargs=config.env_kwargs, on_trajectory=on_trajectory,
+            )  # fmt: skip
+        return time.perf_counter() - started
+
+
+def _record(t: Trajectory, env_id: str, hook: AnswerHook | None, task: Task) -> dict[str, Any]:
+    record = {**trajectory_to_dict(t), "env": env_id}
+    if hook is not None:
+        try:
+            answer = hook.extract(t.messages)
+            key = hook.normalize(answer) if answer is not None else None
+            correct = bool(hook.check(answer, task)) if answer is not None else None
+        except Exception as exc:  # a broken hook must not stop the eval
+            log.warning("answer hook failed on %s: %r", t.task_id, exc)
+            answer = key = correct = None
+        record.update(answer=answer, answer_key=key, answer_correct=correct)
+    return record
+
+
+def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> set[tuple[str, int]]:
+    """Check the output dir against ``--resume``; write ``config.json``; return the done pairs."""
+    path, cfg_path = config.out / TRAJECTORIES_FILE, config.out / CONFIG_FILE
+    has_data = path.exists() and path.stat().st_size > 0
+    if has_data and not config.resume:
+        raise ConfigError(
+            f"{path} already holds trajectories; pass --resume to continue that run, or choose "
+            "another --out"
+        )
+    done: set[tuple[str, int]] = set()
+    if has_data:
+        if not cfg_path.exists():
+            raise ConfigError(f"cannot resume {config.out}: {CONFIG_FILE} is missing")
+        old = json.loads(cfg_path.read_text())
+        _check_resumable(old, config, parts, chash)
+        done = {(r["task_id"], r["sample_index"]) for r in read_run(config.out)}
+    config.out.mkdir(parents=True, exist_ok=True)
+    info = {"config_hash": chash, "config_parts": dict(parts), "env": config.env,
+            "model": config.model, "split": config.split, "seed": config.seed, "n": config.n,
+            "num_tasks": config.num_tasks, "engine": config.engine,
+            "rollout": dataclasses.asdict(config.rollout), "created": time.time()}  # fmt: skip
+    _write_json(cfg_path, info)
+    return done
+
+
+def _check_resumable(
+    old: Mapping[str, Any], config: EvalConfig, parts: Mapping[str, str], chash: str
+) -> None:
+    if old.get("config_hash") != chash:
+        differ = sorted(k for k, v in parts.items() if old.get("config_parts", {}).get(k) != v)
+        raise ConfigError(
+            f"cannot resume {config.out}: its config hash is {old.get('config_hash')}, this run's "
+            f"is {chash} (differs in: {', '.join(differ) or '?'}). Resume with the same settings, "
+            "or start a new run with another --out"
+        )
+    for key in ("model", "split", "seed"):
+        if old.get(key) != getattr(config, key):
+            raise ConfigError(
+                f"cannot resume {config.out}: it was run with {key}={old.get(key)!r}, this run "
+                f"has {key}={getattr(config, key)!r}; use the same value or another --out"
+            )
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)  # atomic: a kill never leaves half a summary
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="eval", unit="ep", file=sys.stderr, disable=not enabled)

@@ -1,0 +1,282 @@
+"""The `docker` backend: a container per session via the Docker Engine API (Docker or podman)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from agentloop.errors import ConfigError, SandboxError
+
+from .base import ExecResult, SandboxLimits
+from .bwrap import sandbox_env
+from .pool import KernelSandbox
+from .protocol import KERNEL_SOURCE, StreamKernel, new_sentinel
+
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "reap_containers"]
+
+#: Built locally from the host's Python by ``agentloop.sandboxes.podman.ensure_python_image``.
+DEFAULT_IMAGE = "agentloop-sandbox-python:latest"
+LABEL = "agentloop.sandbox"
+_OWNER = "agentloop.owner"
+_START_TIMEOUT_S = 60.0
+_HEADER = struct.Struct(">BxxxI")
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_containers(client: Any, *, everything: bool = False) -> int:
+    """Remove sandbox containers whose owning process (on this host) is gone; returns how many.
+
+    Containers remove themselves when their client disconnects; this catches the rest (a crash
+    between create and start). ``everything=True`` removes all agentloop sandbox containers.
+    """
+    removed = 0
+    host = socket.gethostname()
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = (c.labels or {}).get(_OWNER, "")
+        name, _, pid = owner.rpartition(":")
+        stale = name == host and pid.isdigit() and not _pid_alive(int(pid))
+        if everything or stale:
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
+                removed += 1
+    return removed
+
+
+class DockerKernel(StreamKernel):
+    """A kernel that is a container's main process, reached over its attach socket.
+
+    The container has ``StdinOnce``: when this client disconnects (or crashes), the kernel reads
+    EOF, exits, and the engine auto-removes the container.
+    """
+
+    def __init__(self, client: Any, cid: str, sock: Any, sentinel: str, cap: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        stdout, stderr = asyncio.StreamReader(), asyncio.StreamReader()
+        super().__init__(stdout, stderr, sentinel, cap)
+        self.client = client
+        self.id = cid
+        self._io = sock
+        self._raw: socket.socket = getattr(sock, "_sock", sock)
+        self._raw.setblocking(False)
+        self._streams = {1: stdout, 2: stderr}
+        self._pump = self._loop.create_task(self._demux())
+        self._closed = False
+
+    async def _recv_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = await self._loop.sock_recv(self._raw, n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    async def _demux(self) -> None:
+        """Split the engine's multiplexed stream (8-byte frame headers) into stdout/stderr."""
+        try:
+            while True:
+                kind, size = _HEADER.unpack(await self._recv_exact(_HEADER.size))
+                data = await self._recv_exact(size)
+                stream = self._streams.get(kind)
+                if stream is not None:
+                    stream.feed_data(data)
+        except (EOFError, OSError):
+            pass
+        finally:
+            for stream in self._streams.values():
+                stream.feed_eof()
+
+    async def _send(self, data: bytes) -> None:
+        await self._loop.sock_sendall(self._raw, data)
+
+    async def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.client.api.kill, self.id)
+
+    async def exit_code(self) -> int | None:
+        try:
+            res = await asyncio.wait_for(asyncio.to_thread(self.client.api.wait, self.id), 5)
+            return int(res.get("StatusCode"))
+        except Exception:
+            return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.alive = False
+        with contextlib.suppress(OSError):
+            self._raw.close()  # stdin EOF: the kernel exits on its own
+        self._pump.cancel()
+        await self.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.client.api.remove_container, self.id, force=True)
+
+
+class DockerSandbox(KernelSandbox):
+    """Containers through the Docker Engine API (Docker, or podman's compatible service).
+
+    Each kernel is a container: no network, read-only root, tmpfs ``/sandbox`` and ``/tmp``,
+    memory (no swap), pids and CPU limits, no capabilities, ``no-new-privileges``, user nobody.
+    Containers carry the ``agentloop.sandbox`` label and remove themselves when this client goes
+    away; :func:`reap_containers` removes what a crashed client left. ``image`` needs ``python3``
+    (and ``bash`` for ``language="bash"``); build the default one with
+    ``python -m agentloop.sandboxes.podman --build-image``.
+    """
+
+    name = "docker"
+    languages = ("python", "bash")
+
+    def __init__(
+        self,
+        *,
+        limits: SandboxLimits | None = None,
+        pool_size: int = 2,
+        image: str = DEFAULT_IMAGE,
+        base_url: str | None = None,
+        client: Any = None,
+        python: str = "python3",
+    ) -> None:
+        super().__init__(limits=limits, pool_size=pool_size)
+        if not isinstance(image, str) or not image:
+            raise ConfigError(f"image must be a non-empty image name, got {image!r}")
+        self.image = image
+        self.base_url = base_url
+        self.python = python
+        self.client = client
+
+    async def _prepare(self) -> None:
+        if self.client is None:
+            self.client = await asyncio.to_thread(self._connect)
+        await asyncio.to_thread(self._check_image)
+        await asyncio.to_thread(reap_containers, self.client)
+
+    def _connect(self) -> Any:
+        import docker
+
+        where = self.base_url or os.environ.get("DOCKER_HOST") or "the default socket"
+        try:
+            client = (
+                docker.DockerClient(base_url=self.base_url) if self.base_url else docker.from_env()
+            )
+            client.ping()
+        except Exception as exc:
+            raise SandboxError(
+                f"cannot reach a Docker engine at {where}: {exc}; start Docker, or podman's "
+                "service (`python -m agentloop.sandboxes.podman`), and pass base_url="
+            ) from None
+        return client
+
+    def _check_image(self) -> None:
+        import docker
+
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(
+                f"image {self.image!r} is not on the engine; build the default one with "
+                "`python -m agentloop.sandboxes.podman --build-image` or pass image=<an image "
+                "with python3>"
+            ) from None
+
+    def _create(self, sentinel: str) -> tuple[str, Any]:
+        from docker.types import Mount
+
+        lim = self.limits
+        mem = f"{lim.memory_mb}m"
+        host_config = self.client.api.create_host_config(
+            network_mode="none",
+            mem_limit=mem,
+            memswap_limit=mem,
+            pids_limit=lim.max_processes,
+            nano_cpus=int(lim.cpus * 1e9),
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            mounts=[
+                Mount(d, "", type="tmpfs", tmpfs_size=lim.disk_mb << 20, tmpfs_mode=0o1777)
+                for d in ("/sandbox", "/tmp")
+            ],
+            auto_remove=True,
+        )
+        rlimits = json.dumps({"core": 0, "fsize": lim.max_file_mb << 20})
+        cid = self.client.api.create_container(
+            self.image,
+            [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "isolated", rlimits],
+            stdin_open=True,
+            detach=False,  # with stdin_open: StdinOnce, so our disconnect stops the kernel
+            user="65534:65534",
+            working_dir="/sandbox",
+            hostname="sandbox",
+            environment=sandbox_env(lim),
+            labels={LABEL: "1", _OWNER: _owner()},
+            host_config=host_config,
+        )["Id"]
+        try:
+            params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            sock = self.client.api.attach_socket(cid, params=params)
+            self.client.api.start(cid)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.client.api.remove_container(cid, force=True)
+            raise
+        return cid, sock
+
+    async def _spawn_kernel(self) -> DockerKernel:
+        sentinel = new_sentinel()
+        try:
+            cid, sock = await asyncio.to_thread(self._create, sentinel)
+        except Exception as exc:
+            raise SandboxError(
+                f"could not start a sandbox container from {self.image}: {exc}"
+            ) from None
+        kernel = DockerKernel(self.client, cid, sock, sentinel, self.limits.max_output_bytes)
+        try:
+            await kernel.handshake(_START_TIMEOUT_S)
+        except BaseException:
+            await asyncio.shield(kernel.close())
+            raise
+        return kernel
+
+    async def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+    ) -> ExecResult:
+        """As :meth:`KernelSandbox.run`; bash runs through the kernel as a child process."""
+        if language == "bash":
+            code, language = _bash_wrapper(code), "python"
+        return await super().run(
+            code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
+        )
+
+
+def _bash_wrapper(script: str) -> str:
+    return (
+        "import subprocess as _sp, sys as _sys\n"
+        f"_rc = _sp.call(['bash', '-c', {script!r}])\n"
+        "_sys.exit(128 - _rc if _rc < 0 else _rc)\n"
+    )

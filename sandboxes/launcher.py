@@ -1,0 +1,302 @@
+"""Launchers: tiny subreaper processes, each in a sandbox's cgroup, that fork bwrap and reap it.
+
+Every local sandbox is started by a launcher, for three reasons. (1) A process forked by one
+inside a cgroup is born there: no per-sandbox cgroup attach (slow on cgroup v1, an RCU grace
+period per controller) and no window where sandboxed code runs unlimited. (2) Forking a ~8 MB
+launcher is cheaper than forking this process. (3) bwrap's outer process exits before its
+in-sandbox init is reaped; the orphan goes to whatever reaps for the host, and where pid 1 never
+reaps (some container and VM inits), every run would leak a zombie. A launcher is a child
+subreaper and reaps the whole subtree before it reports the exit status.
+
+A launcher runs one sandbox at a time; ``slots.SlotPool`` reuses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+from collections.abc import Mapping
+
+from agentloop.errors import SandboxError
+
+from .base import SandboxLimits
+from .cgroups import Cgroup, CgroupRoot
+
+__all__ = ["LaunchedProcess", "Launcher", "drop_launcher", "launcher_limits", "start_launcher"]
+
+log = logging.getLogger(__name__)
+_MSG = struct.Struct("=qq")  # (kind, value): kind 0 = started (pid; pidfd attached), 1 = exited
+# `python3 -S -c LAUNCHER_SOURCE FD`, FD = the request socket. For each request (JSON: argv, env,
+# uid, target fds; the fds ride along as SCM_RIGHTS) it forks, places the fds, drops to the uid,
+# execs; sends the pid and a pidfd; waits; sends the status; reaps every orphan bwrap leaves.
+LAUNCHER_SOURCE = r"""
+import ctypes, fcntl, json, os, signal, socket, struct, sys, time
+libc = ctypes.CDLL(None)
+libc.prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the host process dies
+libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the sandbox come to us, to be reaped
+if os.getppid() == 1:
+    os._exit(0)
+sock = socket.socket(fileno=int(sys.argv[1]))
+
+def child(req, fds):
+    targets = req["targets"]
+    staged = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]
+    for fd, target in zip(staged, targets):
+        os.dup2(fd, target)
+    for fd in range(max(targets) + 1):
+        if fd not in targets:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.closerange(max(targets) + 1, 65536)
+    uid = req["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    os.execve(req["argv"][0], req["argv"], req["env"])
+
+def reap_all():
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                for name in os.listdir("/proc/self/task"):
+                    with open("/proc/self/task/%s/children" % name) as f:
+                        for left in f.read().split():
+                            os.kill(int(left), signal.SIGKILL)
+            time.sleep(0.001)
+
+while True:
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 64)
+    except OSError:
+        os._exit(0)
+    if not msg:
+        os._exit(0)
+    req = json.loads(msg)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(req, fds)
+        finally:
+            os._exit(127)
+    for fd in fds:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    socket.send_fds(sock, [struct.pack("=qq", 0, pid)], [pidfd])
+    os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    sock.sendall(struct.pack("=qq", 1, status))
+    reap_all()  # before the next request: bwrap's init, orphaned by its exit, comes to us
+"""
+
+
+class LaunchedProcess:
+    """A sandbox started by a launcher: the part of ``asyncio.subprocess.Process`` we use."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        pid: int,
+        pidfd: int,
+        stdin: asyncio.StreamWriter | None,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+    ) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._launcher = launcher
+        self._pidfd = pidfd
+
+    async def wait(self) -> int:
+        if self.returncode is None:
+            status = await self._launcher._read(1)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self._launcher.running = False
+            self._close_pidfd()
+        return self.returncode
+
+    def kill(self) -> None:
+        """Kill the sandbox: bwrap (its init follows, and the namespace with it) and, with a
+        cgroup, everything in it but the launcher."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        if self._launcher.cgroup is not None:
+            self._launcher.cgroup.kill_all(exclude={self._launcher.pid})
+
+    def _close_pidfd(self) -> None:
+        fd, self._pidfd = self._pidfd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class Launcher:
+    """A launcher process (in ``cgroup`` when there is one) and the socket to drive it."""
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, sock: socket.socket, cg: Cgroup | None
+    ) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.cgroup = cg
+        self._sock = sock
+        self.running = False  # a sandbox was started and its exit not yet read
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    @classmethod
+    async def start(cls, python: str, cg: Cgroup | None) -> Launcher:
+        ours, theirs = socket.socketpair()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-S", "-c", LAUNCHER_SOURCE, str(theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env={},
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        if cg is not None:
+            try:
+                await asyncio.to_thread(cg.attach, proc.pid)  # once, before it forks anything
+            except BaseException:
+                proc.kill()
+                await proc.wait()
+                ours.close()
+                raise
+        return cls(proc, ours, cg)
+
+    async def _read(self, kind: int) -> int:
+        loop = asyncio.get_running_loop()
+        data = b""
+        while len(data) < _MSG.size:
+            chunk = await loop.sock_recv(self._sock, _MSG.size - len(data))
+            if not chunk:
+                raise SandboxError("the sandbox launcher died")
+            data += chunk
+        got, value = _MSG.unpack(data)
+        if got != kind:
+            raise SandboxError("the sandbox launcher is out of sync")
+        return value
+
+    async def _read_started(self) -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(self._sock, _MSG.size, 1)
+                break
+            except BlockingIOError:
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(self._sock, _wake, ready)
+                try:
+                    await ready
+                finally:
+                    loop.remove_reader(self._sock)
+        if len(msg) != _MSG.size or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxError("the sandbox launcher died while starting a sandbox")
+        return _MSG.unpack(msg)[1], fds[0]
+
+    async def launch(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        uid: int | None,
+        fds: Mapping[int, int],
+        stdin: bool,
+    ) -> LaunchedProcess:
+        """Start ``argv`` with ``fds`` ({target fd: our fd}) and piped stdio."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+        send = {0: in_r, 1: out_w, 2: err_w, **fds}
+        req = {"argv": argv, "env": dict(env), "uid": uid, "targets": list(send)}
+        if self.running:
+            raise SandboxError("this launcher is still running a sandbox")
+        self.running = True
+        try:  # a few KB: the socket buffer has room
+            socket.send_fds(self._sock, [json.dumps(req).encode()], list(send.values()))
+            pid, pidfd = await self._read_started()
+        except BaseException:
+            for fd in (out_r, err_r, in_w):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        stdout, stderr = await _reader(out_r), await _reader(err_r)
+        writer = await _writer(in_w) if stdin else None
+        return LaunchedProcess(self, pid, pidfd, writer, stdout, stderr)
+
+    async def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        self._sock.close()
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _reader(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader
+
+
+async def _writer(fd: int) -> asyncio.StreamWriter:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", buffering=0)
+    )
+    return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+def launcher_limits(limits: SandboxLimits) -> SandboxLimits:
+    """A sandbox's limits plus room for its launcher (one process, a few MB)."""
+    return dataclasses.replace(
+        limits, memory_mb=limits.memory_mb + 16, max_processes=limits.max_processes + 1
+    )
+
+
+async def start_launcher(root: CgroupRoot | None, limits: SandboxLimits, python: str) -> Launcher:
+    """A launcher in a fresh cgroup for ``limits`` (none without ``root``)."""
+    cg = await asyncio.to_thread(root.new, launcher_limits(limits)) if root else None
+    try:
+        return await Launcher.start(python, cg)
+    except BaseException:
+        if cg is not None:
+            await asyncio.to_thread(cg.remove)
+        raise
+
+
+async def drop_launcher(slot: Launcher) -> None:
+    """Stop a launcher and remove its cgroup."""
+    await slot.close()
+    if slot.cgroup is not None:
+        await asyncio.to_thread(slot.cgroup.remove)

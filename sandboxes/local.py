@@ -1,0 +1,252 @@
+"""The `local` backend: bubblewrap namespaces + cgroups/rlimits, pooled persistent interpreters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import posixpath
+import secrets
+import shutil
+from collections.abc import Sequence
+
+from agentloop.errors import ConfigError, SandboxError
+
+from .base import ExecResult, SandboxLimits
+from .bwrap import BOOT_MOUNT, BWRAP_INSTALL_HINT, fs_args, sandbox_env, write_boot_dir
+from .cgroups import CgroupRoot, detect_cgroups, reap_stale_cgroups
+from .launcher import Launcher
+from .pool import KernelSandbox
+from .process import ProcessKernel, collect_process
+from .protocol import KERNEL_SOURCE, new_sentinel
+from .slots import SlotPool
+
+__all__ = ["LocalSandbox"]
+
+_START_TIMEOUT_S = 30.0
+_EXEC_BASH = "import os, sys; os.execvp('bash', ['bash', '-c', sys.argv[1]])"
+
+
+class LocalSandbox(KernelSandbox):
+    """Runs code under bubblewrap: no network, a read-only ``/usr``, private tmpfs ``/sandbox``
+    (the work dir) and ``/tmp``, its own pid/ipc/uts namespaces, no capabilities, and — when the
+    host is root — a fresh unprivileged host uid per sandbox, so host files readable only by root
+    stay unreadable and the per-uid process limit is exact.
+
+    Memory, process count and CPU share go to a per-sandbox cgroup nested under this process's
+    own (v1 or v2); without writable cgroups, rlimits (address space, processes) are used.
+    Sandboxes are started by launchers (see ``launcher.py``). ``pool_size`` kernels (sandbox +
+    warm interpreter) are kept ready: a ``run`` takes one and discards it, a session keeps one;
+    with none ready a run starts cold (``bwrap ... python3 -c CODE``) on one of
+    ``launcher_slots`` reusable launchers, which also caps concurrent cold runs. ``python`` must
+    be visible inside: under ``/usr`` or in ``ro_binds`` (host paths bound read-only at the
+    same place, e.g. a virtualenv). Bash runs are always cold.
+    """
+
+    name = "local"
+    languages = ("python", "bash")
+
+    def __init__(
+        self,
+        *,
+        limits: SandboxLimits | None = None,
+        pool_size: int = 4,
+        python: str = "/usr/bin/python3",
+        ro_binds: Sequence[str] = (),
+        bwrap: str = "bwrap",
+        cgroup_parent: str | None = None,
+        use_cgroups: bool = True,
+        launcher_slots: int = 32,
+    ) -> None:
+        super().__init__(limits=limits, pool_size=pool_size)
+        for path in ro_binds:
+            if not isinstance(path, str) or not posixpath.isabs(path):
+                raise ConfigError(f"ro_binds entries must be absolute paths, got {path!r}")
+        if isinstance(launcher_slots, bool) or not isinstance(launcher_slots, int):
+            raise ConfigError(f"launcher_slots must be an int >= 1, got {launcher_slots!r}")
+        if launcher_slots < 1:
+            raise ConfigError(f"launcher_slots must be an int >= 1, got {launcher_slots!r}")
+        self.python = python
+        self.ro_binds = tuple(ro_binds)
+        self.bwrap = bwrap
+        self._cgroup_parent = cgroup_parent
+        self._use_cgroups = use_cgroups
+        self._max_slots = launcher_slots
+        self._cgroups: CgroupRoot | None = None
+        self._bwrap_path = ""
+        self._boot_dir = ""
+        self._slots: SlotPool | None = None
+        self._root = os.geteuid() == 0
+
+    async def _prepare(self) -> None:
+        found = shutil.which(self.bwrap)
+        if found is None:
+            raise SandboxError(BWRAP_INSTALL_HINT)
+        self._bwrap_path = found
+        for path in self.ro_binds:
+            if not os.path.exists(path):
+                raise ConfigError(f"ro_binds entry {path!r} does not exist on this host")
+        real = os.path.realpath(self.python)
+        visible = ("/usr/", *(p.rstrip("/") + "/" for p in self.ro_binds))
+        if not os.path.isfile(real) or not real.startswith(visible):
+            raise ConfigError(
+                f"python={self.python!r} (-> {real}) is not an interpreter visible inside the "
+                "sandbox, which sees only /usr and ro_binds; install python3 under /usr "
+                "(`apt-get install python3`) or pass ro_binds=[<its install prefix>]"
+            )
+        self._boot_dir = await asyncio.to_thread(write_boot_dir, self.python)
+        if self._use_cgroups:
+            self._cgroups = await asyncio.to_thread(detect_cgroups, self._cgroup_parent)
+            if self._cgroups is not None:
+                await asyncio.to_thread(reap_stale_cgroups, self._cgroups)
+        self._slots = SlotPool(self._cgroups, self.limits, self.python, self._max_slots)
+        self._slots.prewarm(2)
+
+    async def close(self) -> None:
+        await super().close()
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            await slots.close()
+        boot, self._boot_dir = self._boot_dir, ""
+        if boot:
+            shutil.rmtree(boot, ignore_errors=True)
+
+    @property
+    def cgroup_version(self) -> int | None:
+        """1 or 2 when limits use cgroups, None when they fall back to rlimits."""
+        return self._cgroups.version if self._cgroups else None
+
+    def _rlimits(self) -> dict[str, int | None]:
+        lim = self.limits
+        return {
+            "core": 0,
+            "fsize": lim.max_file_mb << 20,
+            # per-uid, so exact only with our own fresh uid (root); else the pids cgroup decides
+            "nproc": lim.max_processes if self._root else None,
+            "as": None if self._cgroups is not None else lim.memory_mb << 20,
+        }
+
+    def _bwrap_argv(self, extra: Sequence[str] = ()) -> list[str]:
+        # No --uid/--as-pid-1: both make bwrap's --die-with-parent ineffective (a credential
+        # change clears the parent-death signal), and sandboxes must die with this process.
+        # Inside, the code runs as the fresh host uid it was started with.
+        argv = [self._bwrap_path, "--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
+        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        argv += fs_args(self.ro_binds, self.limits)
+        # the root tmpfs goes read-only last: only /sandbox and /tmp stay writable
+        return [*argv, *extra, "--remount-ro", "/", "--chdir", "/sandbox"]
+
+    def _uid(self) -> int | None:
+        return 1_000_000 + secrets.randbelow(1 << 30) if self._root else None
+
+    async def _spawn_kernel(self) -> ProcessKernel:
+        """A kernel on a launcher slot that it holds while it lives."""
+        slots = self._slots
+        assert slots is not None
+        sentinel = new_sentinel()
+        rlimits = json.dumps(self._rlimits())
+        command = [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "isolated", rlimits]
+        slot = await slots.take(bounded=False)
+        try:
+            env = sandbox_env(self.limits)
+            proc = await slot.launch(self._bwrap_argv() + command, env, self._uid(), {}, True)
+        except BaseException:
+            slots.release(slot)
+            raise
+
+        async def release() -> None:
+            slots.release(slot)
+
+        kernel = ProcessKernel(
+            proc,
+            sentinel,
+            self.limits.max_output_bytes,
+            kill=proc.kill,
+            cgroup=slot.cgroup,
+            on_close=release,
+        )
+        try:
+            await kernel.handshake(_START_TIMEOUT_S)
+        except BaseException:
+            await asyncio.shield(kernel.close())
+            raise
+        return kernel
+
+    async def _cold_run(
+        self, code: str, language: str, timeout_s: float, stdin: str | None, files: dict[str, bytes]
+    ) -> ExecResult:
+        """A run without a warm kernel: ``bwrap ... python3 -c CODE`` on a launcher slot."""
+        fds: list[int] = []
+        extra: list[str] = []
+        made: set[str] = set()
+        try:
+            for path, blob in files.items():
+                parts = path.split("/")[:-1]
+                for i in range(1, len(parts) + 1):
+                    d = "/sandbox/" + "/".join(parts[:i])
+                    if d not in made:
+                        made.add(d)
+                        extra += ["--dir", d]
+                fd = os.memfd_create("file")
+                os.write(fd, blob)
+                fds.append(fd)
+                extra += ["--file", str(fd), "/sandbox/" + path]
+            for attempt in range(2):
+                for fd in fds:
+                    os.lseek(fd, 0, os.SEEK_SET)
+                res = await self._cold_exec(code, language, timeout_s, stdin, fds, extra)
+                # bwrap itself failed (e.g. a transient EAGAIN from clone): not the code's doing
+                if not (res.exit_code == 1 and res.stderr.startswith("bwrap: ") and not res.stdout):
+                    return res
+                await asyncio.sleep(0.05 * (attempt + 1))
+            raise SandboxError(f"bubblewrap could not start the sandbox: {res.stderr.strip()}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    async def _cold_exec(
+        self,
+        code: str,
+        language: str,
+        timeout_s: float,
+        stdin: str | None,
+        fds: list[int],
+        extra: list[str],
+    ) -> ExecResult:
+        assert self._slots is not None
+        cpu = int(min(self.limits.cpu_limit_s, timeout_s)) + 1
+        limits = {**self._rlimits(), "cpu": cpu}
+        env = sandbox_env(self.limits)
+        # sitecustomize (on PYTHONPATH) sets the rlimits; bash is exec'd after it
+        env["PYTHONPATH"] = BOOT_MOUNT
+        env["AGENTLOOP_RLIMITS"] = ",".join(f"{k}={v}" for k, v in limits.items() if v)
+        command = [self.python, "-c", code]
+        if language == "bash":
+            command = [self.python, "-c", _EXEC_BASH, code]
+        argv = self._bwrap_argv([*extra, "--ro-bind", self._boot_dir, BOOT_MOUNT]) + command
+        slot = await self._slots.take()
+        try:
+            return await self._run_on(slot, argv, env, stdin, timeout_s, fds)
+        finally:
+            self._slots.release(slot)
+
+    async def _run_on(
+        self,
+        slot: Launcher,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        timeout_s: float,
+        fds: list[int],
+    ) -> ExecResult:
+        cg = slot.cgroup
+        oom_before = cg.oom_kills() if cg is not None else 0
+        proc = await slot.launch(argv, env, self._uid(), {fd: fd for fd in fds}, bool(stdin))
+        return await collect_process(
+            proc,  # type: ignore[arg-type]  # the subset of Process it uses
+            stdin=stdin,
+            timeout_s=timeout_s,
+            max_output_bytes=self.limits.max_output_bytes,
+            kill=proc.kill,
+            oom=lambda: cg is not None and cg.oom_kills() > oom_before,
+        )

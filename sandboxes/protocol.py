@@ -1,0 +1,265 @@
+"""Host side of the kernel protocol: framed requests, capped output, one run with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import struct
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agentloop.errors import SandboxError
+
+from .base import ExecResult, encode_files
+
+__all__ = [
+    "KERNEL_SOURCE",
+    "Capture",
+    "SectionReader",
+    "StreamKernel",
+    "killed_notice",
+    "new_sentinel",
+]
+
+#: The in-sandbox kernel, shipped as ``python3 -u -c KERNEL_SOURCE ...`` (no file to bind-mount).
+KERNEL_SOURCE = (Path(__file__).parent / "kernel.py").read_text()
+
+_CHUNK = 1 << 16
+_MAX_SECTIONS = 4  # stale sections (a death between runs, a restarted worker) are skipped
+
+
+def new_sentinel() -> str:
+    """A per-kernel marker that ends each output section (no NUL: it travels in argv)."""
+    return f"\x1eagentloop-{secrets.token_hex(12)}\x1e"
+
+
+def killed_notice(reason: str) -> str:
+    """The line appended to stderr when a session's interpreter state is lost."""
+    return (
+        f"\n[sandbox] the Python interpreter was {reason}; "
+        "variables and imports from earlier runs are gone\n"
+    )
+
+
+class Capture:
+    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes | bytearray | memoryview) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.total += len(chunk)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.cap
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+class SectionReader:
+    """Reads one stream section by section; bytes after a sentinel wait for the next read."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self._pending = b""
+
+    async def section(self, sentinel: bytes, sink: Capture) -> bool:
+        """Move bytes into ``sink`` up to ``sentinel``; False if the stream ended first."""
+        buf, self._pending = self._pending, b""
+        keep_max = len(sentinel) - 1
+        while True:
+            idx = buf.find(sentinel)
+            if idx >= 0:
+                sink.add(buf[:idx])
+                self._pending = buf[idx + len(sentinel) :]
+                return True
+            keep = min(len(buf), keep_max)  # a sentinel may straddle two chunks
+            sink.add(buf[: len(buf) - keep])
+            buf = buf[len(buf) - keep :]
+            chunk = await self.reader.read(_CHUNK)
+            if not chunk:
+                sink.add(buf)
+                return False
+            buf += chunk
+
+    async def line(self, limit: int = 1 << 16) -> bytes:
+        """The next line (without the newline); empty at end of stream."""
+        buf, self._pending = self._pending, b""
+        while b"\n" not in buf:
+            chunk = await self.reader.read(_CHUNK)
+            if not chunk or len(buf) > limit:
+                return b""
+            buf += chunk
+        line, _, self._pending = buf.partition(b"\n")
+        return line
+
+
+class StreamKernel:
+    """A running kernel reached through stdin/stdout/stderr streams (process or container).
+
+    Subclasses provide the transport: :meth:`_send`, :meth:`kill`, :meth:`exit_code`, and
+    optionally :meth:`oom_events` (a host-side OOM-kill counter, e.g. a memory cgroup's).
+    """
+
+    def __init__(
+        self,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        sentinel: str,
+        max_output_bytes: int,
+    ) -> None:
+        self._out = SectionReader(stdout)
+        self._err = SectionReader(stderr)
+        self._sentinel = sentinel.encode()
+        self._cap = max_output_bytes
+        self._seq = 0
+        self.alive = True
+
+    async def _send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def kill(self) -> None:
+        """Kill the whole kernel (every process in the sandbox) now."""
+        raise NotImplementedError
+
+    async def exit_code(self) -> int | None:
+        """The kernel's exit status once it is gone (None if unknown)."""
+        return None
+
+    async def oom_events(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        """Stop the kernel and release its resources (idempotent)."""
+        self.alive = False
+        await self.kill()
+
+    async def _read_info(self, out: Capture, err: Capture) -> dict[str, Any] | None:
+        found_out, found_err = await asyncio.gather(
+            self._out.section(self._sentinel, out), self._err.section(self._sentinel, err)
+        )
+        if not (found_out and found_err):
+            return None
+        line = await self._err.line()
+        try:
+            info = json.loads(line)
+        except ValueError:
+            raise SandboxError(f"sandbox kernel sent a bad status line {line[:200]!r}") from None
+        return info if isinstance(info, dict) else None
+
+    async def handshake(self, timeout_s: float) -> None:
+        """Wait for the kernel's ready section; raise SandboxError with its stderr if it fails."""
+        out, err = Capture(self._cap), Capture(self._cap)
+        try:
+            async with asyncio.timeout(timeout_s):
+                info = await self._read_info(out, err)
+        except TimeoutError:
+            info = None
+        if not info or not info.get("ready"):
+            self.alive = False
+            await self.kill()
+            raise SandboxError(
+                f"the sandbox kernel did not start within {timeout_s:.0f}s; its output: "
+                f"{(err.text() or out.text()).strip()[-2000:]!r}"
+            )
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        cpu_s: float | None,
+        stdin: str | None,
+        files: Mapping[str, bytes],
+    ) -> ExecResult:
+        """Run one request; a timeout or a dead kernel becomes a result, never a hang."""
+        if not self.alive:
+            raise SandboxError("this sandbox kernel is closed; open a new session")
+        self._seq += 1
+        body = json.dumps(
+            {
+                "seq": self._seq,
+                "code": code,
+                "stdin": stdin,
+                "files": encode_files(files),
+                "cpu_s": cpu_s,
+            }
+        ).encode()
+        oom_before = await self.oom_events()
+        start = time.perf_counter()
+        out, err = Capture(self._cap), Capture(self._cap)
+        notes: list[str] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._send(struct.pack(">I", len(body)) + body)
+                info = await self._wait_for_run(out, err, notes)
+        except TimeoutError:
+            self.alive = False
+            await self.kill()
+            notes.append(f"\n[sandbox] run timed out after {timeout_s:g}s and was killed\n")
+            return self._result(out, err, notes, 137, start, timed_out=True)
+        except (ConnectionError, OSError) as exc:
+            info = None
+            notes.append(f"\n[sandbox] lost the kernel: {exc}\n")
+        if info is None:  # the whole kernel is gone (sandbox-level OOM kill, crash)
+            self.alive = False
+            await self.kill()
+            oom = await self.oom_events() > oom_before
+            status = await self.exit_code()
+            notes.append(killed_notice("killed (out of memory)" if oom else "terminated"))
+            return self._result(out, err, notes, 137 if oom else (status or 137), start, oom=oom)
+        oom = bool(info.get("oom")) or await self.oom_events() > oom_before
+        cpu = bool(info.get("cpu"))
+        if info.get("died"):
+            reason = "killed (out of memory)" if oom and not cpu else "restarted"
+            notes.append(killed_notice("over its CPU-time limit" if cpu else reason))
+        duration = float(info.get("duration") or (time.perf_counter() - start))
+        return self._result(
+            out, err, notes, int(info["exit_code"]), start, oom=oom, timed_out=cpu, dur=duration
+        )
+
+    async def _wait_for_run(
+        self, out: Capture, err: Capture, notes: list[str]
+    ) -> dict[str, Any] | None:
+        for _ in range(_MAX_SECTIONS):
+            info = await self._read_info(out, err)
+            if info is None or info.get("seq") == self._seq:
+                return info
+            if info.get("died"):  # the worker died between runs: say so, discard its output
+                notes.append(killed_notice("restarted after it died between runs"))
+            for capture in (out, err):
+                capture.data.clear()
+                capture.total = 0
+        raise SandboxError("sandbox kernel is out of sync with its host; open a new session")
+
+    def _result(
+        self,
+        out: Capture,
+        err: Capture,
+        notes: list[str],
+        exit_code: int,
+        start: float,
+        *,
+        timed_out: bool = False,
+        oom: bool = False,
+        dur: float | None = None,
+    ) -> ExecResult:
+        return ExecResult(
+            stdout=out.text(),
+            stderr=err.text() + "".join(notes),
+            exit_code=exit_code,
+            timed_out=timed_out,
+            oom_killed=oom,
+            duration_s=dur if dur is not None else time.perf_counter() - start,
+            truncated=out.truncated or err.truncated,
+        )

@@ -1,0 +1,385 @@
+"""The sandbox server: a backend over HTTP; auth, back-pressure, sessions, SandboxFusion API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agentloop.errors import ConfigError, SandboxError
+
+from .base import ExecResult, Sandbox, SandboxSession
+from .wire import RunRequest, parse_run_request, sandboxfusion_request, sandboxfusion_response
+
+__all__ = ["SandboxServer", "backend_kwargs_from_args", "build_parser", "main", "serve"]
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_RUN_GRACE_S = 30.0  # on top of the run's own timeout, for the backend's own bookkeeping
+
+
+def _error(status: int, kind: str, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message, "type": kind}, status=status, headers=headers)
+
+
+class _Gate:
+    """At most ``limit`` runs at once and ``queue`` waiting; beyond that, 429 + Retry-After."""
+
+    def __init__(self, limit: int, queue: int) -> None:
+        self.limit, self.queue = limit, queue
+        self._sem = asyncio.Semaphore(limit)
+        self.active = 0
+        self.waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._sem.locked() and self.waiting >= self.queue:
+            raise web.HTTPTooManyRequests(
+                text='{"error": "sandbox server is at capacity; retry later", "type": "Busy"}',
+                content_type="application/json",
+                headers={"Retry-After": "1"},
+            )
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self._sem.release()
+
+
+@dataclass(slots=True)
+class _Session:
+    cm: AbstractAsyncContextManager[SandboxSession]
+    session: SandboxSession
+    last_used: float
+    busy: int = 0
+
+
+class SandboxServer:
+    """Serves ``sandbox`` over HTTP (JSON). Endpoints:
+
+    ``GET /health`` (no auth); ``POST /v1/run``; ``POST /v1/sessions``;
+    ``POST /v1/sessions/{id}/run``; ``DELETE /v1/sessions/{id}``; ``POST /run_code``
+    (SandboxFusion). With ``token`` set every other endpoint needs ``Authorization: Bearer
+    <token>``; SandboxFusion clients, which send no header, can put it in the URL instead:
+    ``http://host:port/auth/<token>/run_code``. Sessions live on this server only (ids carry a
+    per-process prefix) and close after ``session_ttl_s`` idle.
+    """
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        max_concurrency: int = 8,
+        max_queue: int | None = None,
+        token: str | None = None,
+        max_request_bytes: int = 16 << 20,
+        session_ttl_s: float = 600.0,
+        max_sessions: int = 256,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.sandbox = sandbox
+        self.gate = _Gate(max_concurrency, 4 * max_concurrency if max_queue is None else max_queue)
+        self.token = token or None
+        self.max_request_bytes = max_request_bytes
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions = max_sessions
+        self.instance = secrets.token_hex(4)
+        self.sessions: dict[str, _Session] = {}
+        self.draining = False
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._janitor: asyncio.Task[None] | None = None
+        self.app = web.Application(
+            client_max_size=max_request_bytes, middlewares=[self._middleware]
+        )
+        self.app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.post("/v1/run", self.run),
+                web.post("/v1/sessions", self.open_session),
+                web.post("/v1/sessions/{sid}/run", self.session_run),
+                web.delete("/v1/sessions/{sid}", self.close_session),
+                web.post("/run_code", self.run_code),
+                web.post("/auth/{token}/run_code", self.run_code),
+            ]
+        )
+
+    def _authorized(self, request: web.Request) -> bool:
+        if self.token is None or request.path == "/health":
+            return True
+        given = request.match_info.get("token") or ""
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            given = header[len("Bearer ") :]
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _error(401, "Unauthorized", "missing or wrong token (Authorization: Bearer T)")
+        if self.draining and request.path != "/health":
+            return _error(503, "Draining", "server is shutting down", **{"Retry-After": "1"})
+        try:
+            return await handler(request)
+        except ConfigError as exc:
+            return _error(400, "ConfigError", str(exc))
+        except SandboxError as exc:
+            return _error(500, "SandboxError", str(exc))
+        except TimeoutError:
+            return _error(500, "SandboxError", "the sandbox backend did not answer in time")
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.max_request_bytes
+            return _error(413, "TooLarge", f"request body is over {limit} bytes; send less data")
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            raise ConfigError("request body is not valid JSON") from None
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "draining" if self.draining else "ok",
+                "backend": getattr(self.sandbox, "name", "?"),
+                "active": self.gate.active,
+                "queued": self.gate.waiting,
+                "max_concurrency": self.gate.limit,
+                "sessions": len(self.sessions),
+            }
+        )
+
+    async def _execute(self, target: Sandbox | SandboxSession, req: RunRequest) -> ExecResult:
+        limits = getattr(self.sandbox, "limits", None)
+        timeout = limits.run_timeout(req.timeout_s) if limits else (req.timeout_s or 60.0)
+        async with self.gate.slot(), asyncio.timeout(timeout + _RUN_GRACE_S):
+            return await target.run(
+                req.code,
+                language=req.language,
+                timeout_s=req.timeout_s,
+                stdin=req.stdin,
+                files=req.files,
+            )
+
+    async def run(self, request: web.Request) -> web.Response:
+        req = parse_run_request(await self._body(request))
+        return web.json_response((await self._execute(self.sandbox, req)).to_dict())
+
+    async def run_code(self, request: web.Request) -> web.Response:
+        req = sandboxfusion_request(await self._body(request))
+        try:
+            result = await self._execute(self.sandbox, req)
+        except (ConfigError, SandboxError) as exc:
+            return web.json_response(
+                {"status": "SandboxError", "message": str(exc), "run_result": None, "files": {}}
+            )
+        return web.json_response(sandboxfusion_response(result))
+
+    async def open_session(self, request: web.Request) -> web.Response:
+        if len(self.sessions) >= self.max_sessions:
+            return _error(429, "Busy", f"{self.max_sessions} sessions open", **{"Retry-After": "1"})
+        async with self.gate.slot():
+            cm = self.sandbox.session()
+            session = await cm.__aenter__()
+        sid = f"{self.instance}-{secrets.token_hex(8)}"
+        self.sessions[sid] = _Session(cm, session, time.monotonic())
+        return web.json_response({"session_id": sid})
+
+    def _session(self, request: web.Request) -> _Session:
+        sid = request.match_info["sid"]
+        entry = self.sessions.get(sid)
+        if entry is None:
+            raise web.HTTPNotFound(
+                text=(
+                    f'{{"error": "session {sid} does not exist on this server (it expired, was '
+                    'closed, or the server restarted); open a new session", "type": "NoSession"}'
+                ),
+                content_type="application/json",
+            )
+        return entry
+
+    async def session_run(self, request: web.Request) -> web.Response:
+        entry = self._session(request)
+        req = parse_run_request(await self._body(request))
+        entry.busy += 1
+        try:
+            result = await self._execute(entry.session, req)
+        finally:
+            entry.busy -= 1
+            entry.last_used = time.monotonic()
+        return web.json_response(result.to_dict())
+
+    async def close_session(self, request: web.Request) -> web.Response:
+        entry = self._session(request)
+        self.sessions.pop(request.match_info["sid"], None)
+        await entry.cm.__aexit__(None, None, None)
+        return web.json_response({"closed": True})
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, min(self.session_ttl_s / 4, 30.0)))
+            now = time.monotonic()
+            for sid, entry in list(self.sessions.items()):
+                if not entry.busy and now - entry.last_used > self.session_ttl_s:
+                    self.sessions.pop(sid, None)
+                    with contextlib.suppress(Exception):
+                        await entry.cm.__aexit__(None, None, None)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else port
+        self._janitor = asyncio.get_running_loop().create_task(self._expire_sessions())
+        return int(self.port or 0)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Refuse new work, let running requests finish (bounded), close sessions, stop."""
+        self.draining = True
+        deadline = time.monotonic() + drain_timeout_s
+        while (self.gate.active or self.gate.waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._janitor is not None:
+            self._janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._janitor
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for entry in sessions:
+            with contextlib.suppress(Exception):
+                await entry.cm.__aexit__(None, None, None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def serve(
+    backend: str | Sandbox = "local",
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    max_concurrency: int = 8,
+    token: str | None = None,
+    *,
+    backend_kwargs: Mapping[str, Any] | None = None,
+    stop: asyncio.Event | None = None,
+    **server_kwargs: Any,
+) -> None:
+    """Run a sandbox server until SIGTERM/SIGINT (or ``stop`` is set); drains gracefully."""
+    import signal
+
+    from .base import make_sandbox
+
+    if isinstance(backend, str):
+        sandbox = make_sandbox(backend, **(backend_kwargs or {}))
+    else:
+        sandbox = backend
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with sandbox:
+        server = SandboxServer(
+            sandbox, max_concurrency=max_concurrency, token=token, **server_kwargs
+        )
+        bound = await server.start(host, port)
+        print(f"agentloop sandbox server ({sandbox.name}) on http://{host}:{bound}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+
+def build_parser(parser: Any = None) -> Any:
+    """The ``serve-sandbox`` arguments (pass an argparse sub-parser to extend it)."""
+    import argparse
+    import os
+
+    p = parser or argparse.ArgumentParser(
+        prog="agentloop serve-sandbox", description="Serve a sandbox backend over HTTP."
+    )
+    p.add_argument("--backend", default="local", help="local | docker | subprocess_unsafe")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429")
+    p.add_argument("--token", default=os.environ.get("AGENTLOOP_SANDBOX_TOKEN"))
+    p.add_argument("--pool-size", type=int, default=None, help="pre-warmed interpreters")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="default per-run wall clock")
+    p.add_argument("--memory-mb", type=int, default=1024)
+    p.add_argument("--max-processes", type=int, default=64)
+    p.add_argument("--session-ttl-s", type=float, default=600.0, help="idle session lifetime")
+    p.add_argument("--max-request-mb", type=int, default=16)
+    p.add_argument("--docker-url", default=None, help="Docker/podman engine URL (docker backend)")
+    p.add_argument("--image", default=None, help="container image (docker backend)")
+    p.add_argument(
+        "--acknowledge-unsafe",
+        action="store_true",
+        help="required for --backend subprocess_unsafe (no isolation)",
+    )
+    return p
+
+
+def backend_kwargs_from_args(args: Any) -> dict[str, Any]:
+    """Backend constructor arguments from parsed ``serve-sandbox`` arguments."""
+    from .base import SandboxLimits
+
+    kw: dict[str, Any] = {
+        "limits": SandboxLimits(
+            timeout_s=args.timeout_s, memory_mb=args.memory_mb, max_processes=args.max_processes
+        )
+    }
+    if args.pool_size is not None:
+        kw["pool_size"] = args.pool_size
+    if args.backend == "docker":
+        kw.update({k: v for k, v in (("base_url", args.docker_url), ("image", args.image)) if v})
+    if args.backend == "subprocess_unsafe":
+        kw["acknowledge_unsafe"] = args.acknowledge_unsafe
+    return kw
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``agentloop serve-sandbox`` / ``python -m agentloop.sandboxes.server``."""
+    args = build_parser().parse_args(argv)
+    try:
+        kwargs = backend_kwargs_from_args(args)
+        asyncio.run(
+            serve(
+                args.backend,
+                args.host,
+                args.port,
+                args.max_concurrency,
+                args.token,
+                backend_kwargs=kwargs,
+                max_queue=args.max_queue,
+                session_ttl_s=args.session_ttl_s,
+                max_request_bytes=args.max_request_mb << 20,
+            )
+        )
+    except (ConfigError, SandboxError) as exc:
+        print(f"serve-sandbox: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""Security suite against every real backend (local, docker, remote); each case checks the host."""
+
+from __future__ import annotations
+
+import resource
+import socket
+from typing import Any
+
+import pytest
+from sbx_helpers import SUITE_LIMITS, Host, procs_named, wait_gone
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _host_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent; picks the outbound address
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+async def test_no_network(sandbox: Any, host: Host) -> None:
+    port = host.listener.getsockname()[1]
+    code = f"""
+import socket
+for ip in ("127.0.0.1", {_host_ip()!r}):
+    try:
+        socket.create_connection((ip, {port}), timeout=2).close()
+        print("CONNECTED", ip)
+    except OSError as exc:
+        print("connect-failed", ip)
+for name in ("example.com", "pypi.org"):
+    try:
+        socket.getaddrinfo(name, 443)
+        print("RESOLVED", name)
+    except OSError:
+        print("dns-failed", name)
+"""
+    res = await sandbox.run(code)
+    assert res.exit_code == 0, res
+    assert "CONNECTED" not in res.stdout and "RESOLVED" not in res.stdout
+    assert res.stdout.count("connect-failed") == 2 and res.stdout.count("dns-failed") == 2
+
+
+async def test_cannot_write_outside_the_work_dir(sandbox: Any, host: Host) -> None:
+    targets = [str(p) for p in host.escape_paths]
+    code = f"""
+import os
+for path in {targets!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        print("wrote", path)
+    except OSError as exc:
+        print("denied", path, type(exc).__name__)
+open("inside.txt", "w").write("ok")
+print("cwd", os.getcwd(), open("inside.txt").read())
+"""
+    res = await sandbox.run(code)
+    assert res.exit_code == 0, res
+    assert "cwd /sandbox ok" in res.stdout
+    # writes to /, /root, /etc and the project dir fail; /tmp is the sandbox's private tmpfs
+    for path in targets[:4]:
+        assert f"denied {path}" in res.stdout, res.stdout
+
+
+async def test_cannot_read_root_only_host_secrets(sandbox: Any, host: Host) -> None:
+    paths = [str(host.secret_path), "/etc/shadow", "/root/.bash_history", "/proc/1/environ"]
+    code = f"""
+for path in {paths!r}:
+    try:
+        print("READ", path, open(path).read()[:200])
+    except OSError as exc:
+        print("denied", path, type(exc).__name__)
+"""
+    res = await sandbox.run(code)
+    assert res.exit_code == 0, res
+    assert host.secret not in res.stdout
+    assert f"denied {host.secret_path}" in res.stdout
+    assert "denied /etc/shadow" in res.stdout
+
+
+async def test_cannot_see_or_signal_host_processes(sandbox: Any, host: Host) -> None:
+    pid = host.sleeper.pid
+    code = f"""
+import os, signal
+pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+print("nprocs", len(pids))
+for sig in (signal.SIGKILL, signal.SIGTERM):
+    try:
+        os.kill({pid}, sig)
+        print("SIGNALLED")
+    except OSError as exc:
+        print("kill-failed", type(exc).__name__)
+"""
+    res = await sandbox.run(code)
+    assert res.exit_code == 0, res
+    assert "SIGNALLED" not in res.stdout
+    assert int(res.stdout.split("nprocs ")[1].split()[0]) < 10  # only the sandbox's own
+    assert host.sleeper.poll() is None
+
+
+async def test_fork_bomb_is_contained_by_the_pids_limit(sandbox: Any, host: Host) -> None:
+    code = f"""
+import os, time
+n = 0
+try:
+    while n < 10000:
+        pid = os.fork()
+        if pid == 0:
+            open("/proc/self/comm", "w").write({host.comm!r})
+            time.sleep(120)
+            os._exit(0)
+        n += 1
+except OSError as exc:
+    print("blocked after", n, type(exc).__name__)
+"""
+    res = await sandbox.run(code)
+    assert "blocked after" in res.stdout, res
+    assert int(res.stdout.split("blocked after ")[1].split()[0]) < SUITE_LIMITS.max_processes
+    assert wait_gone(host.comm) == []  # the bomb's children died with the run
+
+
+async def test_memory_bomb_is_oom_killed(sandbox: Any, host: Host) -> None:
+    res = await sandbox.run("data = 'x' * (1 << 30)\nprint('ALLOCATED')")
+    assert res.oom_killed, res
+    assert "ALLOCATED" not in res.stdout
+    assert not res.ok
+    after = await sandbox.run("print('alive')")
+    assert after.stdout == "alive\n"
+
+
+async def test_infinite_loop_is_killed_at_the_timeout(sandbox: Any, host: Host) -> None:
+    code = f"open('/proc/self/comm', 'w').write({host.comm!r})\nwhile True:\n    pass\n"
+    res = await sandbox.run(code, timeout_s=1.0)
+    assert res.timed_out and res.exit_code == 137, res
+    assert res.duration_s < 8
+    assert wait_gone(host.comm) == []
+
+
+async def test_huge_output_is_truncated_and_host_memory_is_unharmed(
+    sandbox: Any, host: Host
+) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code = (
+        "import sys\nchunk = 'y' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\n"
+    )
+    res = await sandbox.run(code, timeout_s=60)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert res.truncated and res.exit_code == 0, res.stderr
+    assert len(res.stdout.encode()) <= SUITE_LIMITS.max_output_bytes
+    assert set(res.stdout) == {"y"}
+    assert grown_mb < 48, f"host process grew by {grown_mb:.0f} MB for 100 MB of output"
+
+
+_DETACH = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open("/proc/self/comm", "w").write({comm!r})
+        time.sleep(300)
+    os._exit(0)
+time.sleep(0.3)
+print("spawned")
+"""
+
+
+async def test_background_process_does_not_outlive_the_run(sandbox: Any, host: Host) -> None:
+    res = await sandbox.run(_DETACH.format(comm=host.comm))
+    assert "spawned" in res.stdout, res
+    assert wait_gone(host.comm) == []
+
+
+async def test_background_process_does_not_outlive_a_session_run(sandbox: Any, host: Host) -> None:
+    async with sandbox.session() as s:
+        res = await s.run(_DETACH.format(comm=host.comm))
+        assert "spawned" in res.stdout, res
+        assert wait_gone(host.comm) == []
+        assert (await s.run("print('still here')")).stdout == "still here\n"
+    assert procs_named(host.comm) == []
+
+
+async def test_symlink_tricks_in_the_work_dir_do_not_escape(sandbox: Any, host: Host) -> None:
+    escape = host.escape_paths
+    code = f"""
+import os
+os.symlink({str(host.secret_path)!r}, "secret")
+os.symlink("/", "root")
+os.symlink("/etc", "etc")
+os.symlink({str(escape[3].parent)!r}, "project")
+for path in ("secret", "root{escape[4]}", "etc/{escape[2].name}", "project/{escape[3].name}"):
+    try:
+        with open(path, "a") as f:
+            f.write("pwned")
+        print("wrote-inside", path)
+    except OSError as exc:
+        print("denied", path, type(exc).__name__)
+try:
+    os.link({str(host.secret_path)!r}, "hardlink")
+    print("LINKED")
+except OSError:
+    print("link-failed")
+try:
+    print("READ", open("secret").read())
+except OSError:
+    print("read-failed")
+"""
+    async with sandbox.session() as s:
+        res = await s.run(code)
+        assert res.exit_code == 0, res
+        assert host.secret not in res.stdout and "LINKED" not in res.stdout
+        # the next run's `files` land on the planted symlinks: they must not be followed out
+        again = await s.run("print('second')", files={"secret": "pwned", "project/x": "pwned"})
+        assert host.secret not in again.stdout + again.stderr
+    assert host.secret_path.read_text() == host.secret
+    host.extra_paths.append(escape[3].parent / "x")

@@ -1,0 +1,437 @@
+"""PolicyWorker: an HF causal LM in FSDP2 that scores sequences, trains, and exports weights."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from agentloop.errors import ConfigError
+from agentloop.trainers.dist import all_reduce_max, all_reduce_sum, init_distributed
+from agentloop.trainers.logprobs import PACKED_ATTN_IMPLEMENTATIONS, token_logprobs
+from agentloop.trainers.losses import (
+    AGG_MODES,
+    KL_KINDS,
+    POLICY_LOSS_MODES,
+    agg_loss,
+    kl_penalty,
+    policy_loss,
+)
+from agentloop.trainers.packing import (
+    MicroBatch,
+    TrainSeq,
+    loss_counts,
+    micro_batch_partition,
+    pack,
+)
+
+__all__ = ["PolicyWorker", "WorkerConfig"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# Files a model dir needs besides the weights and config, copied on save_pretrained so the export
+# works with `agentloop eval` and vLLM as it is.
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json", "preprocessor_config.json", "processor_config.json",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Optimiser, sharding and loss settings of a :class:`PolicyWorker` (defaults live here only).
+
+    ``dtype`` is the compute dtype on CUDA (bf16 params in forward/backward, fp32 master weights
+    and fp32 gradient reduction); on CPU everything is fp32. ``cpu_offload`` keeps sharded params,
+    grads and optimizer state in host memory (FSDP2 ``CPUOffloadPolicy``); on a CPU device they
+    are there already, so it is a no-op. ``grad_clip`` 0 disables clipping. ``norm_len`` is the
+    constant of ``seq-mean-token-sum-norm`` (the max response length). The loss is
+    ``policy + kl_coef·KL(ref) − entropy_coef·entropy``, each term aggregated with
+    ``loss_agg_mode``; ``temperature`` is the rollout's, so logprobs match the engine's.
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    dtype: str = "bfloat16"
+    attn_implementation: str = "sdpa"
+    device: str = "auto"
+    seed: int = 0
+    max_tokens_per_micro_batch: int = 8192
+    loss_agg_mode: str = "token-mean"
+    norm_len: int | None = None
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    tis_cap: float | None = None
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        def bad(field: str, fix: str) -> ConfigError:
+            return ConfigError(f"WorkerConfig.{field}={getattr(self, field)!r}: {fix}")
+
+        for name in ("lr", "weight_decay", "grad_clip", "kl_coef", "warmup_steps"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise bad(name, "must be a finite number >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise bad("betas", "must be two numbers in [0, 1), e.g. (0.9, 0.999)")
+        if not self.eps > 0:
+            raise bad("eps", "must be > 0, e.g. 1e-8")
+        checks: list[tuple[str, bool, str]] = [
+            ("dtype", self.dtype in _DTYPES, f"must be one of {tuple(_DTYPES)}"),
+            ("attn_implementation", self.attn_implementation in PACKED_ATTN_IMPLEMENTATIONS,
+             f"must separate packed sequences: one of {PACKED_ATTN_IMPLEMENTATIONS}"),
+            ("device", self.device in ("auto", "cpu", "cuda"), "must be 'auto', 'cpu' or 'cuda'"),
+            ("max_tokens_per_micro_batch", self.max_tokens_per_micro_batch >= 1,
+             "must be >= 1 (a token budget per forward, e.g. 8192)"),
+            ("loss_agg_mode", self.loss_agg_mode in AGG_MODES, f"must be one of {AGG_MODES}"),
+            ("policy_loss", self.policy_loss in POLICY_LOSS_MODES,
+             f"must be one of {POLICY_LOSS_MODES}"),
+            ("clip_ratio_low", 0.0 <= self.clip_ratio_low < 1.0, "must be in [0, 1), e.g. 0.2"),
+            ("clip_ratio_high", self.clip_ratio_high >= 0.0, "must be >= 0 (DAPO uses 0.28)"),
+            ("clip_ratio_c", self.clip_ratio_c > 1.0, "must be > 1 (dual-clip bound, e.g. 3.0)"),
+            ("tis_cap", self.tis_cap is None or self.tis_cap > 0,
+             "must be > 0 (e.g. 2.0), or None to turn TIS off"),
+            ("kl_type", self.kl_type in KL_KINDS, f"must be one of {KL_KINDS}"),
+            ("entropy_coef", math.isfinite(self.entropy_coef), "must be a finite number"),
+            ("temperature", self.temperature > 0, "must be > 0: the rollout's temperature"),
+        ]  # fmt: skip
+        for name, ok, fix in checks:
+            if not ok:
+                raise bad(name, fix)
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and not (
+            self.norm_len is not None and self.norm_len >= 1
+        ):
+            raise bad("norm_len", "seq-mean-token-sum-norm needs it: the max response length")
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("WorkerConfig.device='cuda' but no CUDA device is visible; use 'cpu'")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _load(
+    model: str | os.PathLike[str] | PretrainedConfig | PreTrainedModel, cfg: WorkerConfig
+) -> PreTrainedModel:
+    """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init)."""
+    kw: dict[str, Any] = dict(attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+    if isinstance(model, PreTrainedModel):
+        return model.float()
+    if isinstance(model, PretrainedConfig):
+        torch.manual_seed(cfg.seed)
+        return AutoModelForCausalLM.from_config(model, **kw)
+    if not Path(model).is_dir():
+        raise ConfigError(f"model path {str(model)!r} is not a directory; pass an HF model dir")
+    return AutoModelForCausalLM.from_pretrained(model, **kw)
+
+
+def _shard(
+    model: PreTrainedModel, cfg: WorkerConfig, device: torch.device, world_size: int
+) -> PreTrainedModel:
+    """``fully_shard`` every transformer block (``_no_split_modules``), then the root."""
+    if cfg.activation_checkpointing:
+        # non-reentrant: recomputation re-runs FSDP2's pre-forward hooks, which re-gather
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mesh = init_device_mesh(device.type, (world_size,))
+    on_gpu = device.type == "cuda"
+    mp = (
+        MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)
+        if on_gpu
+        else MixedPrecisionPolicy()
+    )
+    offload = CPUOffloadPolicy() if cfg.cpu_offload and on_gpu else OffloadPolicy()
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules()):
+        if type(module).__name__ in block_names:
+            fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # agg_loss returns each rank's share of the *global* loss: gradients must be summed
+            # over ranks, not averaged. Force plain SUM collectives: gloo has no PREMUL_SUM.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class PolicyWorker:
+    """One rank of an FSDP2-sharded HF causal LM with its AdamW optimiser.
+
+    Every rank of the default process group constructs one, with the same arguments; all methods
+    are collective (every rank calls them, in the same order). Without a process group, a
+    world of 1 is created, so a single local process runs the same code as N ranks.
+    ``model`` is an HF model dir, a config (seeded random init) or a model instance. A frozen
+    reference model for KL is a second ``PolicyWorker`` used only for :meth:`compute_logprobs`.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | PretrainedConfig | PreTrainedModel,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.config = cfg = config or WorkerConfig()
+        init_distributed()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = _pick_device(cfg.device)
+        self.source_dir = Path(model) if isinstance(model, str | os.PathLike) else None
+        self.model = _shard(_load(model, cfg), cfg, self.device, self.world_size)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.step = 0
+
+    def _micro_batches(self, seqs: Sequence[TrainSeq]) -> list[MicroBatch]:
+        """Token-budget micro-batches, the same number on every rank (FSDP2 collectives run once
+        per forward): the count is all-reduced (MAX) until every rank can reach it; a rank with
+        fewer sequences than the count pads with 1-token fully-masked batches (zero loss and
+        zero gradient)."""
+        lengths = [len(s) for s in seqs]
+        budget = self.config.max_tokens_per_micro_batch
+        target = 1
+        while True:
+            want = max(1, min(target, len(lengths)))
+            parts = micro_batch_partition(lengths, budget, min_num_micro_batches=want)
+            agreed = int(all_reduce_max([float(len(parts))])[0])
+            if agreed == target:
+                break
+            target = agreed
+        batches = [pack(seqs, p) for p in parts]
+        if len(batches) < target:
+            batches += [self._empty_batch(seqs)] * (target - len(batches))
+        return batches
+
+    def _empty_batch(self, seqs: Sequence[TrainSeq]) -> MicroBatch:
+        zero = torch.zeros(1)
+        has_old = bool(seqs) and seqs[0].old_logprobs is not None
+        has_ref = not seqs or seqs[0].ref_logprobs is not None
+        seq = TrainSeq(
+            token_ids=torch.zeros(1, dtype=torch.long),
+            loss_mask=zero,
+            advantages=zero,
+            rollout_logprobs=zero,
+            old_logprobs=zero if has_old else None,
+            ref_logprobs=zero if has_ref else None,
+        )
+        return dataclasses.replace(pack([seq]), seq_index=())
+
+    @torch.no_grad()
+    def compute_logprobs(self, seqs: Sequence[TrainSeq]) -> list[torch.Tensor]:
+        """Per-sequence logprobs ``[L_i]`` (fp32, CPU) under the current weights, at the config's
+        temperature, in the order given; position 0 of each is 0 (nothing predicts it)."""
+        self.model.eval()
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        for mb in self._micro_batches(seqs):
+            lp = token_logprobs(
+                self.model, mb.to(self.device), temperature=self.config.temperature
+            ).logprobs
+            for i, x in zip(mb.seq_index, mb.unpack(lp.float().cpu()), strict=True):
+                out[i] = x
+        return [x for x in out if x is not None]
+
+    def train_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+        """One optimiser step on this rank's share of a mini-batch; metrics are global.
+
+        ``old_logprobs`` are the behaviour policy's, from :meth:`compute_logprobs`; sequences
+        without them train on-policy (old = current logprobs, detached: exact only for the
+        first optimiser step on freshly generated data). ``ref_logprobs`` are required when
+        ``kl_coef > 0``. A non-finite gradient norm skips the update (``step_skipped`` 1).
+
+        Metrics: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy_loss`` (the loss terms, aggregated
+        with ``loss_agg_mode``); ``entropy``, ``kl`` and the policy metrics of
+        :class:`~agentloop.trainers.losses.PolicyLossMetrics` (``clipfrac``, ``approx_kl``,
+        ``tis_*``, ``rollout_abs_diff``: engine vs trainer) as means over loss tokens;
+        ``grad_norm`` (before clipping), ``lr``, ``tokens``/``seqs`` (global loss tokens and
+        sequences), ``micro_batches`` (per rank).
+        """
+        cfg = self.config
+        if cfg.kl_coef > 0 and any(s.ref_logprobs is None for s in seqs):
+            raise ConfigError(
+                f"kl_coef={cfg.kl_coef} but some sequences have no ref_logprobs; compute them "
+                "with the reference worker's compute_logprobs, or set kl_coef=0"
+            )
+        self.model.train()
+        batches = self._micro_batches(seqs)
+        tokens, num_seqs = all_reduce_sum([float(c) for c in loss_counts(batches)])
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=self.device)
+        tis_max = torch.zeros((), device=self.device)
+        for mb in batches:
+            loss, stats, mb_tis_max = self._loss(mb.to(self.device), tokens, num_seqs)
+            loss.backward()
+            sums += stats  # stays on the device: one sync per step, not per micro-batch
+            tis_max = torch.maximum(tis_max, mb_tis_max)
+        grad_norm = self._clip_and_step()
+        self.scheduler.step()
+        self.step += 1
+        total = all_reduce_sum(sums.tolist())
+        out = dict(zip(_SUM_KEYS, total, strict=True))
+        for k in ("entropy", "kl", *_TOKEN_MEAN_KEYS):
+            out[k] /= max(tokens, 1.0)
+        out.update(
+            tis_max=all_reduce_max([float(tis_max)])[0],
+            grad_norm=grad_norm,
+            step_skipped=float(not math.isfinite(grad_norm)),
+            lr=lr,
+            tokens=tokens,
+            seqs=num_seqs,
+            micro_batches=float(len(batches)),
+        )
+        return out
+
+    def _loss(
+        self, mb: MicroBatch, tokens: float, num_seqs: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This micro-batch's share of the global loss, its detached ``_SUM_KEYS`` vector, and
+        its largest TIS weight."""
+        cfg = self.config
+        out = token_logprobs(self.model, mb, temperature=cfg.temperature, with_entropy=True)
+        assert out.entropy is not None
+        lp, mask, cu = out.logprobs, mb.loss_mask, mb.cu_seqlens
+        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        pg_mat, pm = policy_loss(
+            lp, old, mb.advantages, mask, cfg.policy_loss,
+            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c, rollout_logprobs=mb.rollout_logprobs,
+            tis_cap=cfg.tis_cap, cu_seqlens=cu,
+        )  # fmt: skip
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return agg_loss(
+                x, mask, cfg.loss_agg_mode, cu_seqlens=cu, global_token_count=tokens,
+                global_seq_count=num_seqs, norm_len=cfg.norm_len,
+            )  # fmt: skip
+
+        def token_sum(x: torch.Tensor) -> torch.Tensor:
+            return torch.where(mask > 0, x.detach(), 0.0).sum()
+
+        kl_mat = (
+            kl_penalty(lp, mb.ref_logprobs, cfg.kl_type)
+            if mb.ref_logprobs is not None
+            else torch.zeros_like(lp)
+        )
+        pg, kl, ent = agg(pg_mat), agg(kl_mat), agg(out.entropy)
+        loss = pg
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * kl
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+        n = pm.num_tokens
+        stats = torch.stack([
+            loss, pg, kl, ent, token_sum(out.entropy), token_sum(kl_mat),
+            *(n * getattr(pm, k) for k in _TOKEN_MEAN_KEYS),
+        ]).detach().double()  # fmt: skip
+        return loss, stats, pm.tis_max
+
+    def _clip_and_step(self) -> float:
+        """Clip by the global gradient norm (DTensor-aware) and step; skip on a non-finite norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip or math.inf
+        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def state_dict_for_inference(
+        self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` per parameter/buffer of the HF state dict, one at a time.
+
+        Collective: every rank iterates to the end (each tensor is all-gathered from its shards
+        when reached), so peak extra memory is one full tensor. Names are the HF checkpoint
+        names (transformers' load-time renamings reverted), as vLLM's
+        ``reload_weights(is_checkpoint_format=True)`` expects; tied weights appear under both
+        names, as in ``state_dict()``. ``dtype``/``device`` convert each tensor (e.g. bf16 for
+        the engine, ``"cpu"`` to hand it across processes).
+        """
+        for name, shard in self.model.state_dict().items():
+            full = _full(shard).detach()
+            if dtype is not None or device is not None:
+                full = full.to(device=device, dtype=dtype)
+            yield from _checkpoint_names(self.model, name, full)
+
+    def save_pretrained(
+        self, path: str | os.PathLike[str], *, dtype: torch.dtype | None = None
+    ) -> None:
+        """Write an HF model dir (config, safetensors, tokenizer files of the source dir) from
+        rank 0; collective. The full weights are gathered into rank 0's CPU memory first;
+        ``dtype`` (e.g. bf16) converts them, and the config records it."""
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in self.state_dict_for_inference(dtype=dtype, device="cpu"):
+            if self.rank == 0:
+                state[name] = tensor
+        if self.rank == 0:
+            out = Path(path)
+            self.model.save_pretrained(out, state_dict=state, save_original_format=False)
+            if dtype is not None:  # HF wrote the live (fp32) params' dtype
+                config = copy.deepcopy(self.model.config)
+                config.dtype = dtype
+                config.save_pretrained(out)
+            if self.source_dir is not None:
+                for fname in _TOKENIZER_FILES:
+                    if (self.source_dir / fname).is_file():
+                        shutil.copy2(self.source_dir / fname, out / fname)
+        dist.barrier()
+
+
+def _checkpoint_names(
+    model: PreTrainedModel, name: str, tensor: torch.Tensor
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Map one model-side tensor to its checkpoint name(s): a no-op unless transformers renamed
+    (or fused) weights at load time for this architecture."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    yield from revert_weight_conversion(model, {name: tensor}).items()
+
+
+# train_step's summed quantities: the loss shares (summed over micro-batches and ranks = global
+# values), then entropy/KL sums over loss tokens, then token-weighted policy metrics.
+_TOKEN_MEAN_KEYS = ("clipfrac", "clipfrac_lower", "approx_kl", "tis_mean", "tis_capped_frac",
+                    "rollout_abs_diff")  # fmt: skip
+_SUM_KEYS = ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy", "kl", *_TOKEN_MEAN_KEYS)
