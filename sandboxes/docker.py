@@ -18,7 +18,7 @@ from .bwrap import sandbox_env
 from .pool import KernelSandbox
 from .protocol import KERNEL_SOURCE, StreamKernel, new_sentinel
 
-__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "reap_containers"]
+__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "reap_containers", "sandbox_containers"]
 
 #: Built locally from the host's Python by ``agentloop.sandboxes.podman.ensure_python_image``.
 DEFAULT_IMAGE = "agentloop-sandbox-python:latest"
@@ -50,15 +50,22 @@ def reap_containers(client: Any, *, everything: bool = False) -> int:
     """
     removed = 0
     host = socket.gethostname()
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = (c.labels or {}).get(_OWNER, "")
-        name, _, pid = owner.rpartition(":")
+    for cid, labels in sandbox_containers(client):
+        name, _, pid = labels.get(_OWNER, "").rpartition(":")
         stale = name == host and pid.isdigit() and not _pid_alive(int(pid))
         if everything or stale:
             with contextlib.suppress(Exception):
-                c.remove(force=True)
+                client.api.remove_container(cid, force=True)
                 removed += 1
     return removed
+
+
+def sandbox_containers(client: Any) -> list[tuple[str, dict[str, str]]]:
+    """``(id, labels)`` of every agentloop sandbox container. Uses the plain list call: the SDK's
+    ``containers.list`` inspects each container afterwards and fails when one is removed in
+    between (they remove themselves when their client goes away)."""
+    found = client.api.containers(all=True, filters={"label": LABEL})
+    return [(c["Id"], dict(c.get("Labels") or {})) for c in found]
 
 
 class DockerKernel(StreamKernel):

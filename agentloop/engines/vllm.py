@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import itertools
 import logging
 import os
 import time
@@ -35,6 +36,8 @@ _FINISH: Mapping[str, FinishReason] = MappingProxyType(
     {"stop": "stop", "length": "length", "abort": "abort"}
 )
 _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
+WeightTransport = Literal["auto", "file", "bytes", "cuda_ipc"]
+_TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,10 @@ class VLLMConfig:
     reserve that share of all RAM). ``enable_sleep_mode=None`` turns it on where the platform
     supports it (CUDA/ROCm/XPU, not CPU). ``weight_transport`` picks how ``update_weights``
     ships tensors to the workers: ``"file"`` writes one safetensors file to ``shm_dir`` that the
-    workers mmap (fastest; needs workers on this host), ``"bytes"`` sends the safetensors blob
-    through vLLM's RPC; a reload that takes longer than ``weight_sync_timeout_s`` fails.
+    workers mmap (needs workers on this host), ``"bytes"`` sends the safetensors blob through
+    vLLM's RPC, ``"cuda_ipc"`` hands the workers a CUDA IPC handle to one device buffer (trainer
+    and engine on the same GPU: the weights never leave it; ``"auto"`` picks it for CUDA tensors
+    and ``"file"`` otherwise). A reload that takes longer than ``weight_sync_timeout_s`` fails.
     ``engine_args`` are passed to ``AsyncEngineArgs`` verbatim.
     """
 
@@ -62,7 +67,7 @@ class VLLMConfig:
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     enable_sleep_mode: bool | None = None
-    weight_transport: Literal["file", "bytes"] = "file"
+    weight_transport: WeightTransport = "auto"
     shm_dir: str = "/dev/shm"
     shutdown_timeout_s: float = 10.0
     weight_sync_timeout_s: float = 600.0
@@ -90,15 +95,33 @@ class VLLMConfig:
             raise ConfigError(
                 f"vllm.kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"
             )
-        if self.weight_transport not in ("file", "bytes"):
+        if self.weight_transport not in _TRANSPORTS:
             raise ConfigError(
-                f"vllm.weight_transport={self.weight_transport!r} is not 'file' or 'bytes'"
+                f"vllm.weight_transport={self.weight_transport!r} is not one of {_TRANSPORTS}"
             )
         if reserved := _RESERVED_ARGS & set(self.engine_args):
             raise ConfigError(
                 f"vllm.engine_args may not set {sorted(reserved)}: VLLMEngine sets them itself "
                 "(use vllm.model for the model directory)"
             )
+
+
+@dataclass
+class _PackedWeights:
+    """One weight update, ready for the workers: the method to call and its argument, plus what
+    must live until the call returns (a CUDA buffer) or be deleted after it (a file)."""
+
+    method: str
+    arg: Any
+    num_tensors: int
+    num_bytes: int
+    keep_alive: Any = None
+    file: Path | None = None
+
+    def release(self) -> None:
+        self.keep_alive = None
+        if self.file is not None:
+            self.file.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +308,7 @@ class VLLMEngine:
         self,
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         *,
-        transport: Literal["file", "bytes"] | None = None,
+        transport: WeightTransport | None = None,
     ) -> WeightSyncStats:
         """Load new weights in place (checkpoint names, e.g. ``model.layers.0.mlp.up_proj.weight``;
         a subset is fine) and reset the prefix cache. ``transport`` overrides
@@ -294,50 +317,72 @@ class VLLMEngine:
         Meant for the gap between rollout phases. Requests still in flight are preempted and
         resume under the new weights (their KV cache is recomputed).
         """
-        from agentloop.engines.vllm_ext import pack_tensors, safetensors_bytes, write_safetensors
-
         llm = self._require_llm()
         transport = transport or self.config.weight_transport
-        if transport not in ("file", "bytes"):
-            raise ConfigError(f"weight transport {transport!r} is not 'file' or 'bytes'")
-        timeout = self.config.weight_sync_timeout_s
+        if transport not in _TRANSPORTS:
+            raise ConfigError(f"weight transport {transport!r} is not one of {_TRANSPORTS}")
+        stream = iter(named_tensors)
+        first = next(stream, None)
+        if first is None:
+            raise ConfigError("update_weights got no tensors")
+        stream = itertools.chain([first], stream)
+        if transport == "auto":
+            transport = "cuda_ipc" if first[1].is_cuda else "file"
         t0 = time.perf_counter()
-        tensors = pack_tensors(named_tensors, self._ckpt_shapes)
-        num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        path: str | None = None
+        packed = await self._pack(stream, transport)
+        t1 = time.perf_counter()
         try:
-            if transport == "file":
-                path = await asyncio.to_thread(write_safetensors, tensors, self.config.shm_dir)
-                t1 = time.perf_counter()
-                results = await llm.collective_rpc(
-                    "agentloop_reload_from_file", timeout=timeout, args=(path,)
-                )
-            else:
-                blob = await asyncio.to_thread(safetensors_bytes, tensors)
-                t1 = time.perf_counter()
-                results = await llm.collective_rpc(
-                    "agentloop_reload_from_bytes", timeout=timeout, args=(blob,)
-                )
+            results = await llm.collective_rpc(
+                packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
+            )
             await llm.reset_prefix_cache(reset_running_requests=True)
         except Exception as e:
             raise InferenceError(
-                f"weight update of {len(tensors)} tensors failed in vLLM: {type(e).__name__}: {e}"
+                f"weight update of {packed.num_tensors} tensors failed in vLLM: "
+                f"{type(e).__name__}: {e}"
             ) from e
         finally:
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
+            packed.release()
         t2 = time.perf_counter()
         stats = WeightSyncStats(
-            num_tensors=len(tensors),
-            num_bytes=num_bytes,
+            num_tensors=packed.num_tensors,
+            num_bytes=packed.num_bytes,
             serialize_s=t1 - t0,
             load_s=max(r["seconds"] for r in results),
             total_s=t2 - t0,
         )
         log.info(
-            "updated %d tensors (%.1f MB) in %.3f s", len(tensors), num_bytes / 1e6, stats.total_s
-        )
+            "updated %d tensors (%.1f MB, %s) in %.3f s",
+            stats.num_tensors, stats.num_bytes / 1e6, transport, stats.total_s,
+        )  # fmt: skip
         return stats
+
+    async def _pack(
+        self, stream: Iterable[tuple[str, torch.Tensor]], transport: str
+    ) -> _PackedWeights:
+        """Turn the tensors into the argument of the worker method that ``transport`` names."""
+        from agentloop.engines.vllm_ext import (
+            CudaIpcBuffer,
+            pack_tensors,
+            safetensors_bytes,
+            write_safetensors,
+        )
+
+        if transport == "cuda_ipc":
+            ipc = CudaIpcBuffer(stream, self._ckpt_shapes, self._require_llm().model_config.dtype)
+            return _PackedWeights(
+                "agentloop_reload_from_cuda_ipc", ipc.payload, ipc.num_tensors, ipc.num_bytes,
+                keep_alive=ipc,
+            )  # fmt: skip
+        tensors = pack_tensors(stream, self._ckpt_shapes)
+        num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        if transport == "bytes":
+            blob = await asyncio.to_thread(safetensors_bytes, tensors)
+            return _PackedWeights("agentloop_reload_from_bytes", blob, len(tensors), num_bytes)
+        path = await asyncio.to_thread(write_safetensors, tensors, self.config.shm_dir)
+        return _PackedWeights(
+            "agentloop_reload_from_file", path, len(tensors), num_bytes, file=Path(path)
+        )
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (running requests are preempted and recomputed)."""

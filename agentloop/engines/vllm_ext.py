@@ -4,8 +4,9 @@ vLLM mixes :class:`WeightSyncExtension` into every worker (``worker_extension_cl
 "agentloop.engines.vllm_ext.WeightSyncExtension"``); ``VLLMEngine.update_weights`` calls its
 methods through ``AsyncLLM.collective_rpc``. Tensors cannot be RPC arguments (vLLM's msgpack
 decoder has no type hint for them and turns them into nested lists), so the weights travel as one
-safetensors file in ``/dev/shm`` (default: one copy, mmapped by every worker) or as a safetensors
-blob inside the RPC message.
+safetensors file in ``/dev/shm`` (default: one copy, mmapped by every worker), as a safetensors
+blob inside the RPC message, or — on CUDA, when trainer and engine share the GPU — as a CUDA IPC
+handle to one flat device buffer (``cuda_ipc``: the weights never leave the device).
 
 The workers load through ``model_runner.reload_weights(..., is_checkpoint_format=True)``: the
 model's own ``load_weights`` with checkpoint names, then the backend's post-load processing.
@@ -17,6 +18,7 @@ Imported inside vLLM's worker processes: this module imports only torch and safe
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,6 +30,7 @@ import torch
 from agentloop.errors import ConfigError
 
 __all__ = [
+    "CudaIpcBuffer",
     "WeightSyncExtension",
     "checkpoint_shapes",
     "pack_tensors",
@@ -68,6 +71,24 @@ class WeightSyncExtension:
             weights_iterator=iter(named.items()), is_checkpoint_format=True
         )
         return {"tensors": float(len(named)), "seconds": time.perf_counter() - t0}
+
+    def agentloop_reload_from_cuda_ipc(self, payload: bytes) -> dict[str, float]:
+        """Reload from a :class:`CudaIpcBuffer` payload: views into the sender's device buffer,
+        copied by the model's own ``load_weights`` (device to device)."""
+        t0 = time.perf_counter()
+        (rebuild, args), layout = pickle.loads(payload)
+        args = list(args)
+        args[6] = torch.cuda.current_device()  # the storage's device, as this process numbers it
+        buffer = rebuild(*args)
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, dtype, shape, offset, nbytes in layout:
+                view = buffer[offset : offset + nbytes].view(getattr(torch, dtype))
+                yield name, view.view(shape)
+
+        self.model_runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        torch.cuda.synchronize()  # the sender frees the buffer once this call has returned
+        return {"tensors": float(len(layout)), "seconds": time.perf_counter() - t0}
 
     def agentloop_weight_sums(self, names: list[str]) -> dict[str, float]:
         """``sum(|w|)`` in float64 of the named model parameters (for tests and debugging).
@@ -126,6 +147,50 @@ def _check_against_checkpoint(
         raise ConfigError(
             f"update_weights: {name!r} has shape {shape}, the checkpoint has {shapes[name]}"
         )
+
+
+class CudaIpcBuffer:
+    """Checkpoint tensors copied (and cast to ``dtype``) into one flat CUDA buffer, plus the
+    pickled IPC handle and layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc`
+    opens in the engine's process. Keep the object alive until that call has returned."""
+
+    _ALIGN = 256  # bytes; every view starts aligned for any dtype
+
+    def __init__(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        shapes: Mapping[str, tuple[int, ...]],
+        dtype: torch.dtype,
+    ) -> None:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        # Two passes over a stream of (possibly freshly gathered) tensors would gather twice:
+        # keep the cast copies, then lay them out in one buffer.
+        parts: list[tuple[str, torch.Tensor]] = []
+        for name, tensor in named_tensors:
+            if shapes:
+                _check_against_checkpoint(name, tuple(tensor.shape), shapes)
+            if not tensor.is_cuda:
+                raise ConfigError(f"cuda_ipc weight transport needs CUDA tensors; {name!r} is not")
+            parts.append((name, tensor.detach().to(dtype if tensor.is_floating_point() else None)))
+        if not parts:
+            raise ConfigError("update_weights got no tensors")
+        if len({n for n, _ in parts}) != len(parts):
+            raise ConfigError("update_weights got a tensor name twice")
+        layout, offset = [], 0
+        for name, t in parts:
+            nbytes = t.numel() * t.element_size()
+            layout.append(
+                (name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes)
+            )
+            offset += -(-nbytes // self._ALIGN) * self._ALIGN
+        self.buffer = torch.empty(offset, dtype=torch.uint8, device=parts[0][1].device)
+        for (_, t), (_, _, _, off, nbytes) in zip(parts, layout, strict=True):
+            self.buffer[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        torch.cuda.synchronize(self.buffer.device)
+        self.num_tensors = len(layout)
+        self.num_bytes = sum(entry[4] for entry in layout)
+        self.payload = pickle.dumps((reduce_tensor(self.buffer), layout))
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], directory: str) -> str:

@@ -20,7 +20,7 @@ from sbx_helpers import needs_bwrap
 from agentloop.errors import SandboxError
 from agentloop.sandboxes import make_sandbox
 from agentloop.sandboxes.cgroups import detect_cgroups
-from agentloop.sandboxes.docker import LABEL
+from agentloop.sandboxes.docker import sandbox_containers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 LEAK_DEADLINE_S = 60.0
@@ -181,9 +181,9 @@ async def test_crashed_client_leaves_no_docker_containers(
     engine = podman.client()
     owner = f"{os.uname().nodename}:{client.pid}"
 
-    def containers() -> list[Any]:
-        found = engine.containers.list(all=True, filters={"label": LABEL})
-        return [c for c in found if c.labels.get("agentloop.owner") == owner]
+    def containers() -> list[str]:
+        return [cid for cid, labels in sandbox_containers(engine)
+                if labels.get("agentloop.owner") == owner]  # fmt: skip
 
     assert len(containers()) >= 2
     client.send_signal(signal.SIGKILL)

@@ -10,18 +10,14 @@ from sbx_helpers import SUITE_LIMITS
 
 from agentloop.errors import SandboxError
 from agentloop.sandboxes import make_sandbox
-from agentloop.sandboxes.docker import LABEL, reap_containers
+from agentloop.sandboxes.docker import LABEL, reap_containers, sandbox_containers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def ours(client: Any) -> list[Any]:
+def ours(client: Any) -> list[tuple[str, dict[str, str]]]:
     owner = f"{os.uname().nodename}:{os.getpid()}"
-    return [
-        c
-        for c in client.containers.list(all=True, filters={"label": LABEL})
-        if c.labels.get("agentloop.owner") == owner
-    ]
+    return [c for c in sandbox_containers(client) if c[1].get("agentloop.owner") == owner]
 
 
 async def test_docker_runs_sessions_and_cleans_up(podman: Any) -> None:
@@ -37,7 +33,7 @@ async def test_docker_runs_sessions_and_cleans_up(podman: Any) -> None:
             await s.run("import os\nos.environ['K'] = 'v'")
             assert (await s.run("print(os.environ['K'])")).stdout == "v\n"
             assert len(ours(client)) >= 1
-            labels = ours(client)[0].labels
+            labels = ours(client)[0][1]
             assert labels[LABEL] == "1"
     assert ours(client) == []  # every container of this process is gone
 
@@ -51,7 +47,7 @@ async def test_reaper_removes_containers_of_dead_owners(podman: Any) -> None:
         labels={LABEL: "1", "agentloop.owner": dead_owner},
     )
     assert reap_containers(client) >= 1
-    assert c.id not in {x.id for x in client.containers.list(all=True)}
+    assert c.id not in {cid for cid, _ in sandbox_containers(client)}
 
 
 async def test_missing_image_and_engine_fail_clearly(podman: Any) -> None:

@@ -1,0 +1,125 @@
+"""All GPU benchmarks in one command, each next to the ceiling measured in the same run.
+
+    python bench/gpu/run_all.py --out $OUT                    # every phase
+    python bench/gpu/run_all.py --out $OUT --phases ceilings weight_sync
+    python bench/gpu/run_all.py --report DIR [DIR ...]         # merge phase JSONs, print the table
+
+Each phase runs in its own process (a clean GPU, and one failure does not stop the rest) and
+writes ``<phase>.json`` and ``<phase>.log`` under ``--out``. The report reads every
+``<phase>.json`` it finds, prints one table (metric, ours, ceiling, ratio) and writes
+``results.json``. Run it on the GPU machine after ``source bench/gpu/setup.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+TOKENIZER = ROOT / ".gpu-stage" / "tiny-qwen2"
+
+
+def phase_commands(out: Path) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "ceilings": [py, str(HERE / "ceilings.py"), "--out", str(out / "ceilings.json")],
+        "weight_sync": [py, str(HERE / "weight_sync.py"), "--tokenizer", str(TOKENIZER),
+                        "--out", str(out / "weight_sync.json")],
+        "train": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
+                  "--out", str(out / "train.json")],
+        "tests": [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                  "--continue-on-collection-errors",
+                  f"--junitxml={out / 'tests.xml'}", str(ROOT / "tests")],
+    }  # fmt: skip
+
+
+def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[str, object]:
+    t0 = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                cwd=ROOT, env=os.environ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(status), flush=True)
+    return status
+
+
+def _row(metric: str, ours: float, unit: str, ceiling: float | None, ceiling_name: str) -> dict:
+    ratio = ours / ceiling if ceiling else None
+    return {"metric": metric, "ours": ours, "unit": unit, "ceiling": ceiling,
+            "ceiling_name": ceiling_name, "ratio": ratio}  # fmt: skip
+
+
+def rows(results: dict[str, object]) -> list[dict]:
+    """The final table, from whatever phases produced results."""
+    out: list[dict] = []
+    ceil = results.get("ceilings") or {}
+    peak, copy = ceil.get("bf16_matmul_TFLOPs"), ceil.get("copy_GBps")
+    if peak:
+        out.append(_row("bf16 matmul 8192³", peak, "TFLOP/s", None, "(the peak)"))
+    if copy:
+        out.append(_row("device copy_ (D2D)", copy, "GB/s", None, "(the ceiling)"))
+    for r in results.get("weight_sync") or []:
+        for transport in ("cuda_ipc", "file"):
+            ws = r[transport]
+            out.append(_row(f"weight sync {r['size']} {transport} ({ws['bytes'] / 1e9:.2f} GB)",
+                            ws["GBps"], "GB/s", copy, "device copy"))  # fmt: skip
+        out.append(_row(f"weight sync {r['size']} max |Δlogprob| engine vs trainer",
+                        r["gap_after_sync"], "nats", r["gap_vs_perturbed_before_sync"],
+                        "gap before sync"))  # fmt: skip
+    for r in (results.get("train") or {}).get("runs", []):
+        if "mfu" in r:
+            out.append(_row(f"train {r['name']}", r["mfu"], "MFU", None, "of measured peak"))
+    return out
+
+
+def report(dirs: list[Path]) -> dict[str, object]:
+    results: dict[str, object] = {}
+    for d in dirs:
+        for f in sorted(d.glob("*.json")):
+            if f.name != "results.json":
+                results[f.stem] = json.loads(f.read_text())
+    table = rows(results)
+    width = max((len(r["metric"]) for r in table), default=10)
+    print(f"{'metric':<{width}}  {'ours':>12}  {'unit':<8} {'ceiling':>12}  {'ratio':>7}  vs")
+    for r in table:
+        ceiling = "" if r["ceiling"] is None else f"{r['ceiling']:12.4g}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:7.3f}"
+        print(f"{r['metric']:<{width}}  {r['ours']:12.4g}  {r['unit']:<8} {ceiling:>12}  "
+              f"{ratio:>7}  {r['ceiling_name']}")  # fmt: skip
+    merged = {"table": table, "phases": results}
+    (dirs[0] / "results.json").write_text(json.dumps(merged, indent=2))
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, help="results dir (e.g. $OUT on the GPU machine)")
+    parser.add_argument("--phases", nargs="+", default=None, help="default: all")
+    parser.add_argument("--timeout-s", type=float, default=540.0, help="per phase")
+    parser.add_argument("--report", nargs="+", type=Path, help="merge these result dirs")
+    args = parser.parse_args()
+    if args.report:
+        report(args.report)
+        return
+    if args.out is None:
+        parser.error("--out is required (or --report DIR ...)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    commands = phase_commands(args.out)
+    for name in args.phases or list(commands):
+        if name not in commands:
+            parser.error(f"unknown phase {name!r}; phases: {list(commands)}")
+        run_phase(name, commands[name], args.out, args.timeout_s)
+    report([args.out])
+
+
+if __name__ == "__main__":
+    main()

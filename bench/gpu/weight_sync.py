@@ -1,0 +1,117 @@
+"""Weight sync on one GPU: trainer (FSDP2 PolicyWorker) → colocated vLLM engine, in place.
+
+For each model size: GB/s of ``VLLMEngine.update_weights(worker.state_dict_for_inference())``
+with the ``cuda_ipc`` transport (the weights stay on the GPU) and with the ``file`` transport
+(through /dev/shm) for comparison; sleep/wake costs; and a check that after the sync the engine
+scores tokens as the trainer's new weights do.
+
+    python bench/gpu/weight_sync.py --tokenizer DIR --models /root/models --out results/ws.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from models import make_model_dir
+
+from agentloop.engines.base import SamplingParams
+from agentloop.engines.vllm import VLLMEngine
+from agentloop.trainers.packing import TrainSeq
+from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+
+def _perturb(worker: PolicyWorker, scale: float = 0.02) -> None:
+    """Move every weight so the synced model is measurably different from the served one."""
+    gen = torch.Generator(device=worker.device).manual_seed(1)
+    with torch.no_grad():
+        for p in worker.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.add_(torch.randn(local.shape, generator=gen, device=local.device) * scale)
+
+
+async def _score_gap(engine: VLLMEngine, worker: PolicyWorker, prompt: list[int]) -> float:
+    """max |engine logprob − trainer logprob| over 32 greedy tokens after ``prompt``."""
+    out = await engine.generate(prompt, SamplingParams(max_tokens=32, temperature=0.0))
+    ids = torch.tensor([*prompt, *out.token_ids])
+    seq = TrainSeq(ids, torch.ones(len(ids)), torch.zeros(len(ids)), torch.zeros(len(ids)))
+    mine = worker.compute_logprobs([seq])[0][len(prompt) :]
+    return float((mine - torch.tensor(out.logprobs)).abs().max())
+
+
+async def _timed(coro_fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        await coro_fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, object]:
+    worker = PolicyWorker(model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
+    engine = VLLMEngine.create(
+        model_dir, dtype="bfloat16", max_model_len=2048, kv_cache_memory_bytes=4 << 30,
+        enforce_eager=True, enable_sleep_mode=True,
+    )  # fmt: skip
+    result: dict[str, object] = {"size": size}
+    async with engine:
+        prompt = list(range(10, 42))
+        result["gap_before_sync"] = await _score_gap(engine, worker, prompt)
+        _perturb(worker)
+        result["gap_vs_perturbed_before_sync"] = await _score_gap(engine, worker, prompt)
+        for transport, n in (("cuda_ipc", repeats), ("file", max(2, repeats // 2))):
+            stats = []
+            for _ in range(n + 1):  # the first sync warms up; it is not counted
+                weights = worker.state_dict_for_inference()
+                stats.append(await engine.update_weights(weights, transport=transport))
+            stats = stats[1:]
+            total = statistics.median(s.total_s for s in stats)
+            result[transport] = {
+                "bytes": stats[0].num_bytes,
+                "tensors": stats[0].num_tensors,
+                "total_s": total,
+                "pack_s": statistics.median(s.serialize_s for s in stats),
+                "load_s": statistics.median(s.load_s for s in stats),
+                "GBps": stats[0].num_bytes / total / 1e9,
+            }
+        result["gap_after_sync"] = await _score_gap(engine, worker, prompt)
+        result["sleep1_s"] = statistics.median(await _timed(lambda: engine.sleep(1), 1))
+        result["wake_s"] = statistics.median(await _timed(lambda: engine.wake_up(), 1))
+        await engine.sleep(2)
+        t0 = time.perf_counter()
+        await engine.wake_up(["weights"])
+        await engine.update_weights(worker.state_dict_for_inference(), transport="cuda_ipc")
+        await engine.wake_up(["kv_cache"])
+        result["sleep2_wake_reload_s"] = time.perf_counter() - t0
+        result["gap_after_sleep2_reload"] = await _score_gap(engine, worker, prompt)
+    del worker
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer files")
+    parser.add_argument("--models", type=Path, default=Path("/root/models"))
+    parser.add_argument("--sizes", nargs="+", default=["0.5B", "1.5B"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    results = []
+    for size in args.sizes:
+        model_dir = make_model_dir(size, args.models / f"qwen2-{size}", args.tokenizer)
+        results.append(asyncio.run(bench_size(size, model_dir, args.repeats)))
+        print(json.dumps(results[-1], indent=2), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
