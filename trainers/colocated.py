@@ -1,0 +1,205 @@
+"""ColocatedWorker: one device's FSDP2 policy shard, optional reference model and vLLM engine.
+
+The same class runs in-process (local mode) and as a Ray actor (one per placement bundle). Its
+methods are async; torch work runs on one dedicated thread in an actor (so the actor's event
+loop, which drives vLLM's output handler, stays responsive) and inline in local mode (so a
+``breakpoint()`` in the trainer stops the one process being debugged). Methods that touch the
+policy are collective: the driver calls them on every rank at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from agentloop.engines.base import SamplingParams
+from agentloop.errors import InferenceError
+from agentloop.trainers.packing import TrainSeq
+from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+from agentloop.types import Completion
+
+__all__ = ["ColocatedWorker", "WorkerSpec"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+_ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+                  "float16": torch.float16, "half": torch.float16}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What each worker builds: the policy from ``model_dir`` with ``actor`` settings, a frozen
+    copy as the reference model when ``with_ref``, and a vLLM engine with ``engine`` settings
+    (:class:`VLLMConfig` fields) unless ``engine`` is None (replay: nothing to generate)."""
+
+    model_dir: str
+    actor: WorkerConfig
+    engine: dict[str, Any] | None
+    with_ref: bool = False
+    threaded: bool = True
+
+
+class ColocatedWorker:
+    """A policy shard and an engine on one device. Call :meth:`start_engine` before
+    :meth:`setup`: vLLM forks its processes, and they must not inherit a process group."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.policy: PolicyWorker | None = None
+        self.ref: PolicyWorker | None = None
+        self.engine: Any = None
+        self.rank = 0
+        self._owns_group = False
+        self._pool = ThreadPoolExecutor(1, "agentloop-torch") if spec.threaded else None
+
+    async def _torch(self, fn: Callable[..., R], *args: Any) -> R:
+        if self._pool is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start_engine(self) -> tuple[int, ...]:
+        """Start this worker's vLLM engine (if it has one); returns its process ids."""
+        if self.spec.engine is None:
+            return ()
+        import torch.distributed as dist
+
+        from agentloop.engines.vllm import VLLMEngine
+
+        if dist.is_initialized():
+            # a forked engine would inherit this process group and try to use it as its own
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        self.engine = VLLMEngine.create(self.spec.model_dir, **self.spec.engine)
+        await self.engine.start()
+        return tuple(self.engine.pids)
+
+    def address(self) -> tuple[str, int]:
+        """This host's address and a free TCP port: the rendezvous point when this is rank 0."""
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:  # not in Ray: a local world
+            host = "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, int(s.getsockname()[1])
+
+    async def setup(self, rank: int, world_size: int, init_method: str | None) -> dict[str, Any]:
+        """Join the process group and build the policy (and reference) shards; collective."""
+        await self._torch(self._build, rank, world_size, init_method)
+        node = ""
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:
+            pass
+        return {"rank": rank, "pid": os.getpid(), "node_id": node}
+
+    def _build(self, rank: int, world_size: int, init_method: str | None) -> None:
+        from agentloop.trainers.dist import init_distributed
+
+        if init_method is not None:
+            self._owns_group = init_distributed(
+                rank=rank, world_size=world_size, init_method=init_method
+            )
+        else:
+            self._owns_group = init_distributed()
+        self.rank = rank
+        self.policy = PolicyWorker(self.spec.model_dir, self.spec.actor)
+        if self.spec.with_ref:
+            self.ref = PolicyWorker(self.spec.model_dir, self.spec.actor)
+
+    async def close(self) -> None:
+        """Stop the engine and leave the process group (if this worker created it)."""
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await engine.shutdown()
+        self.policy = self.ref = None
+        if self._owns_group:
+            import torch.distributed as dist
+
+            await self._torch(dist.destroy_process_group)
+            self._owns_group = False
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ engine
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        if self.engine is None:
+            raise InferenceError("this worker has no engine (replay mode); nothing can generate")
+        result: Completion = await self.engine.generate(prompt_ids, sampling, session_id=session_id)
+        return result
+
+    async def sleep_engine(self) -> None:
+        if self.engine is not None:
+            await self.engine.sleep()
+
+    async def wake_engine(self, tags: list[str] | None = None) -> None:
+        if self.engine is not None:
+            await self.engine.wake_up(tags)
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Gather the full weights (collective) and reload them into this worker's engine.
+
+        The gathered tensors (in the engine's dtype when the config names one) are held until
+        the engine has loaded them: peak extra memory is one full copy of the weights."""
+        if self.engine is None:
+            return {}
+        dtype = _ENGINE_DTYPES.get(str((self.spec.engine or {}).get("dtype", "auto")))
+        named = await self._torch(
+            lambda: list(self._policy().state_dict_for_inference(dtype=dtype))
+        )
+        stats = await self.engine.update_weights(named)
+        return {"sync/bytes": float(stats.num_bytes), "sync/tensors": float(stats.num_tensors),
+                "sync/engine_load_s": stats.load_s}  # fmt: skip
+
+    # ------------------------------------------------------------------ training
+    def _policy(self) -> PolicyWorker:
+        if self.policy is None:
+            raise RuntimeError("ColocatedWorker.setup() has not run")
+        return self.policy
+
+    async def compute_logprobs(
+        self, seqs: Sequence[TrainSeq], ref: bool = False
+    ) -> list[torch.Tensor]:
+        worker = self.ref if ref else self._policy()
+        if worker is None:
+            raise RuntimeError("no reference model: build the worker with with_ref=True")
+        return await self._torch(worker.compute_logprobs, seqs)
+
+    async def train_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+        return await self._torch(self._policy().train_step, seqs)
+
+    async def save_checkpoint(
+        self, root: str, step: int, extra: dict[str, Any], keep_last: int | None
+    ) -> str:
+        from agentloop.trainers.checkpoint import save_checkpoint
+
+        def save() -> Path:
+            return save_checkpoint(self._policy(), root, step=step, extra=extra,
+                                   keep_last=keep_last)  # fmt: skip
+
+        return str(await self._torch(save))
+
+    async def load_checkpoint(self, path: str) -> dict[str, Any]:
+        from agentloop.trainers.checkpoint import load_checkpoint
+
+        return await self._torch(load_checkpoint, self._policy(), path)
+
+    async def export(self, path: str) -> None:
+        """Write the policy as a plain HF model dir (rank 0 writes; collective)."""
+        await self._torch(self._policy().save_pretrained, path)

@@ -1,0 +1,416 @@
+"""Training-run configuration: OmegaConf structured dataclasses, YAML + key=value loading, checks.
+
+Every default lives once, in a dataclass: the rollout limits in :class:`RolloutConfig`, the
+optimiser and loss in :class:`WorkerConfig`, the vLLM settings in :class:`VLLMConfig` (the
+``engine`` section only overrides them), the rest here. :func:`load_config` merges a YAML file
+and ``key=value`` overrides onto a schema and builds the frozen dataclasses, whose
+``__post_init__`` checks name the field and the fix. It takes any dataclass schema, so the SFT
+recipe loads its own config with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentloop.errors import ConfigError
+from agentloop.rollout import RolloutConfig
+from agentloop.trainers.advantages import ADV_ESTIMATORS
+from agentloop.trainers.losses import KL_KINDS
+from agentloop.trainers.worker import WorkerConfig
+
+__all__ = [
+    "AlgorithmConfig",
+    "BatchSizes",
+    "CheckpointConfig",
+    "DataConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "RayConfig",
+    "TrainConfig",
+    "TrainRolloutConfig",
+    "TrainerConfig",
+    "batch_sizes",
+    "config_to_yaml",
+    "example_config",
+    "load_config",
+    "resolve_model_path",
+]
+
+T = TypeVar("T")
+PLACEMENTS = ("local", "ray")
+_RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _check(section: str, obj: Any, rules: Sequence[tuple[str, bool, str]]) -> None:
+    """Raise for the first ``(field, ok, fix)`` rule that fails, naming the value and the fix."""
+    for name, ok, fix in rules:
+        if not ok:
+            raise ConfigError(f"{section}.{name}={getattr(obj, name)!r}: {fix}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``path``: a local HF model directory, or ``tiny`` for the locally generated tiny model."""
+
+    path: str = "tiny"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which env and which of its task splits to train and validate on (``None``: all tasks)."""
+
+    env: str = "agentloop/Calc-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_split: str = "train"
+    num_train_tasks: int | None = None
+    val_split: str = "test"
+    num_val_tasks: int | None = 32
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        _check("data", self, [
+            (name, getattr(self, name) is None or getattr(self, name) >= 1, "must be >= 1, or null")
+            for name in ("num_train_tasks", "num_val_tasks")
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainRolloutConfig(RolloutConfig):
+    """:class:`RolloutConfig` (the limits shared with validation and eval) plus the training
+    side: ``n`` samples per prompt (the GRPO group), ``concurrency`` episodes in flight,
+    ``save_trajectories`` (each step's batch as eval-format JSONL) and ``replay``: a directory of
+    such files to train from instead of generating."""
+
+    n: int = 8
+    concurrency: int = 64
+    save_trajectories: bool = True
+    replay: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check("rollout", self, [
+            ("n", self.n >= 1, "must be >= 1 (samples per prompt)"),
+            ("concurrency", self.concurrency >= 1, "must be >= 1"),
+            ("replay", self.replay is None or Path(self.replay).is_dir(),
+             "is not a directory; pass a run's trajectories/ dir (step_NNNNNN.jsonl files)"),
+        ])  # fmt: skip
+
+    def base(self) -> RolloutConfig:
+        """The plain :class:`RolloutConfig` the rollout loop takes."""
+        names = [f.name for f in dataclasses.fields(RolloutConfig)]
+        return RolloutConfig(**{n: getattr(self, n) for n in names})
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Advantages (verl names), KL as a reward penalty, DAPO dynamic sampling and overlong
+    shaping. KL as a *loss* term is ``actor.kl_coef``/``actor.kl_type``. ``filter_metric`` is
+    ``reward`` or a trajectory metric such as ``correct``; ``max_sampling_rounds`` 0 = no cap;
+    ``overlong_buffer`` 0 turns overlong shaping off."""
+
+    adv_estimator: str = "grpo"
+    norm_by_std: bool = True
+    epsilon: float = 1e-6
+    gamma: float = 1.0
+    use_kl_in_reward: bool = False
+    kl_reward_coef: float = 0.001
+    kl_reward_type: str = "kl"
+    dynamic_sampling: bool = False
+    filter_metric: str = "reward"
+    max_sampling_rounds: int = 10
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check("algorithm", self, [
+            ("adv_estimator", self.adv_estimator in ADV_ESTIMATORS,
+             f"must be one of {ADV_ESTIMATORS}"),
+            ("kl_reward_type", self.kl_reward_type in KL_KINDS, f"must be one of {KL_KINDS}"),
+            ("gamma", 0 < self.gamma <= 1, "must be in (0, 1]"),
+            ("epsilon", self.epsilon > 0, "must be > 0, e.g. 1e-6"),
+            ("kl_reward_coef", self.kl_reward_coef >= 0, "must be >= 0"),
+            ("max_sampling_rounds", self.max_sampling_rounds >= 0, "must be >= 0 (0 = no cap)"),
+            ("overlong_buffer", self.overlong_buffer >= 0, "must be >= 0 (0 = off)"),
+            ("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "must be >= 0"),
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The step structure. One step: ``prompts_per_step`` prompts × ``rollout.n`` samples, split
+    into ``mini_batches`` optimiser updates, repeated ``ppo_epochs`` times. ``placement``:
+    ``local`` (one process, no Ray) or ``ray`` (``num_workers`` colocated FSDP2 + vLLM actors).
+    ``val_every`` N > 0 validates every N steps and after the last one; 0 never (verl's
+    ``test_freq``); ``val_before_train`` adds one before the first step."""
+
+    total_steps: int = 100
+    prompts_per_step: int = 32
+    mini_batches: int = 1
+    ppo_epochs: int = 1
+    val_every: int = 0
+    val_before_train: bool = False
+    val_n: int = 1
+    placement: str = "local"
+    num_workers: int = 1
+    seed: int = 0
+    out_dir: str = "runs/grpo"
+    sleep_engines: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("total_steps", "prompts_per_step", "mini_batches", "ppo_epochs", "val_n",
+                    "num_workers")  # fmt: skip
+        _check("trainer", self, [
+            *((name, getattr(self, name) >= 1, "must be >= 1") for name in positive),
+            ("val_every", self.val_every >= 0, "must be >= 0 (0 = never)"),
+            ("placement", self.placement in PLACEMENTS, f"must be one of {PLACEMENTS}"),
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Where Ray mode runs. ``address`` null starts a private local Ray (``num_cpus`` CPUs,
+    default: all); ``auto`` or ``HOST:PORT`` joins a running cluster (multi-node). One placement
+    bundle per worker: ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs (null: 1 when the
+    cluster has GPUs, else 0)."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        _check("ray", self, [
+            ("cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+            ("gpus_per_worker", self.gpus_per_worker is None or self.gpus_per_worker >= 0,
+             "must be >= 0, or null for auto"),
+            ("placement_strategy", self.placement_strategy in _RAY_STRATEGIES,
+             f"must be one of {_RAY_STRATEGIES}"),
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Save every ``every`` steps (0: only at the end, with ``save_final``), keep the last
+    ``keep_last``. ``resume``: ``auto`` (the latest checkpoint of the run dir, if any),
+    ``never``, or a ``step_*`` directory. ``export_final`` writes a plain HF model dir."""
+
+    every: int = 0
+    keep_last: int = 2
+    resume: str = "auto"
+    save_final: bool = True
+    export_final: bool = True
+
+    def __post_init__(self) -> None:
+        _check("checkpoint", self, [
+            ("every", self.every >= 0, "must be >= 0 (0 = at the end)"),
+            ("keep_last", self.keep_last >= 1, "must be >= 1"),
+            ("resume", self.resume in ("auto", "never") or Path(self.resume).is_dir(),
+             "must be 'auto', 'never' or an existing step_* directory"),
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Metric sinks: a compact console line per step (and a progress bar), ``metrics.jsonl``,
+    TensorBoard (``tb/``), and W&B when ``wandb`` is on and the package is installed."""
+
+    console: bool = True
+    progress: bool = True
+    tensorboard: bool = True
+    wandb: bool = True
+    wandb_project: str = "agentloop"
+    run_name: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole GRPO/DAPO run; ``engine`` holds :class:`VLLMConfig` overrides (``model`` excluded;
+    ``max_model_len`` defaults to the prompt + response budget). On a GPU the engine shares the
+    device with the trainer: lower ``engine.gpu_memory_utilization`` (e.g. 0.4) to leave room."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: WorkerConfig = field(default_factory=WorkerConfig)
+    engine: dict[str, Any] = field(default_factory=dict)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        t, r, a = self.trainer, self.rollout, self.algorithm
+        per_mini = t.prompts_per_step // t.mini_batches * r.n
+        rules = [
+            (t.placement == "ray" or t.num_workers == 1,
+             f"trainer.num_workers={t.num_workers} with trainer.placement=local: local mode is one "
+             "process; set trainer.placement=ray, or trainer.num_workers=1"),
+            (t.prompts_per_step % t.mini_batches == 0,
+             f"trainer.prompts_per_step={t.prompts_per_step} is not divisible by trainer."
+             f"mini_batches={t.mini_batches}; every mini-batch must hold whole groups: make "
+             "prompts_per_step a multiple of mini_batches"),
+            (per_mini % t.num_workers == 0,
+             f"trainer.prompts_per_step={t.prompts_per_step} / trainer.mini_batches="
+             f"{t.mini_batches} × rollout.n={r.n} = {per_mini} sequences per mini-batch, not "
+             f"divisible by trainer.num_workers={t.num_workers}: each worker needs an equal "
+             "share; change prompts_per_step, n or mini_batches"),
+            (math.isclose(self.actor.temperature, r.temperature),
+             f"actor.temperature={self.actor.temperature} but rollout.temperature="
+             f"{r.temperature}: the trainer must score tokens at the sampling temperature; set "
+             "both to the same value"),
+            (a.overlong_buffer <= r.max_response_len,
+             f"algorithm.overlong_buffer={a.overlong_buffer} exceeds rollout.max_response_len="
+             f"{r.max_response_len}; use about a quarter of max_response_len, or 0 (off)"),
+            (not a.dynamic_sampling or r.n >= 2,
+             "algorithm.dynamic_sampling=true needs rollout.n >= 2 (it drops groups whose "
+             f"samples all score the same), got n={r.n}"),
+        ]  # fmt: skip
+        for ok, message in rules:
+            if not ok:
+                raise ConfigError(message)
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        from agentloop.engines.vllm import VLLMConfig
+
+        known = {f.name for f in dataclasses.fields(VLLMConfig)} - {"model"}
+        if unknown := sorted(set(self.engine) - known):
+            raise ConfigError(
+                f"engine.{unknown[0]} is not a vLLM engine setting; known: {sorted(known)} "
+                "(other vLLM arguments go in engine.engine_args)"
+            )
+
+    @property
+    def needs_ref(self) -> bool:
+        """A frozen reference model is loaded when KL is used, as a loss or as a reward term."""
+        return self.actor.kl_coef > 0 or self.algorithm.use_kl_in_reward
+
+    def engine_settings(self) -> dict[str, Any]:
+        """:class:`VLLMConfig` fields for each engine replica (everything but ``model``)."""
+        r = self.rollout
+        defaults = {
+            "max_model_len": r.max_prompt_len + r.max_response_len,
+            "seed": self.trainer.seed,
+        }
+        return {**defaults, **self.engine}
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """The sizes one step works with, derived from the config (printed at start-up)."""
+
+    prompts_per_step: int
+    n: int
+    sequences_per_step: int
+    mini_batches: int
+    sequences_per_mini_batch: int
+    ppo_epochs: int
+    updates_per_step: int
+    num_workers: int
+    sequences_per_worker: int
+    max_seq_len: int
+    max_micro_batches_per_worker: int
+    steps_per_epoch: int | None
+
+    def describe(self) -> str:
+        epoch = (
+            f"{self.steps_per_epoch} steps per pass over the data" if self.steps_per_epoch else ""
+        )
+        return "\n".join([
+            f"batch: {self.prompts_per_step} prompts × n={self.n} = {self.sequences_per_step} "
+            f"sequences per step" + (f"; {epoch}" if epoch else ""),
+            f"updates: {self.mini_batches} mini-batch(es) of {self.sequences_per_mini_batch} "
+            f"sequences × {self.ppo_epochs} epoch(s) = {self.updates_per_step} optimiser "
+            "update(s) per step",
+            f"workers: {self.num_workers} × {self.sequences_per_worker} sequences per update, "
+            f"at most {self.max_micro_batches_per_worker} micro-batch(es) each "
+            f"(sequences up to {self.max_seq_len} tokens)",
+        ])  # fmt: skip
+
+
+def batch_sizes(cfg: TrainConfig, num_tasks: int | None = None) -> BatchSizes:
+    """The derived sizes of ``cfg``; ``num_tasks`` (the train split's size) adds steps/epoch."""
+    t, r = cfg.trainer, cfg.rollout
+    per_step = t.prompts_per_step * r.n
+    per_mini = per_step // t.mini_batches
+    per_worker = per_mini // t.num_workers
+    max_len = r.max_prompt_len + r.max_response_len
+    budget = cfg.actor.max_tokens_per_micro_batch
+    # a sequence longer than the budget is a micro-batch of its own; shorter ones share
+    micro = per_worker if max_len >= budget else min(per_worker, -(-per_worker * max_len // budget))
+    return BatchSizes(
+        prompts_per_step=t.prompts_per_step, n=r.n, sequences_per_step=per_step,
+        mini_batches=t.mini_batches, sequences_per_mini_batch=per_mini, ppo_epochs=t.ppo_epochs,
+        updates_per_step=t.mini_batches * t.ppo_epochs, num_workers=t.num_workers,
+        sequences_per_worker=per_worker, max_seq_len=max_len, max_micro_batches_per_worker=micro,
+        steps_per_epoch=num_tasks // t.prompts_per_step if num_tasks else None,
+    )  # fmt: skip
+
+
+def load_config(
+    schema: type[T], path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
+) -> T:
+    """Build ``schema`` (a dataclass) from its defaults, then the YAML file ``path``, then
+    ``key=value`` overrides (dotted keys: ``trainer.total_steps=10``), each overriding the last.
+    Unknown keys, wrong types and failed checks raise :class:`ConfigError` naming the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    layers = [OmegaConf.structured(schema)]
+    if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist; pass a YAML file (an example: "
+                f"{example_config('grpo_calc_tiny')})"
+            )
+        try:
+            layers.append(OmegaConf.load(Path(path)))
+        except Exception as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value (e.g. trainer.total_steps=10)")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"config key {key}: {msg}; fix it in the YAML file or the key=value override"
+        ) from None
+
+
+def config_to_yaml(cfg: Any) -> str:
+    """``cfg`` (a config dataclass) as YAML that :func:`load_config` reads back."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def example_config(name: str) -> Path:
+    """Path of a YAML config shipped in ``agentloop/trainers/configs`` (e.g. ``grpo_calc_tiny``)."""
+    return Path(__file__).resolve().parent / "configs" / f"{name}.yaml"
+
+
+def resolve_model_path(path: str) -> Path:
+    """``tiny`` → the locally generated tiny model (built on first use); else a model directory."""
+    if path == "tiny":
+        from agentloop.testing.tiny import tiny_model_dir
+
+        return tiny_model_dir()
+    if not Path(path).is_dir():
+        raise ConfigError(
+            f"model.path={path!r} is not a directory; pass a local HF model dir, or 'tiny'"
+        )
+    return Path(path).resolve()

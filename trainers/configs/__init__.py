@@ -1,0 +1,1 @@
+"""Example run configs shipped with the package (YAML); see ``agentloop train --help``."""

@@ -1,0 +1,149 @@
+"""WorkerGroup: the driver's handle on the colocated workers — one in-process, or N Ray actors.
+
+The recipe sees one object whatever the placement: it hands whole batches to
+:meth:`WorkerGroup.compute_logprobs` and :meth:`WorkerGroup.train_step`, which split them over
+the data-parallel ranks (balanced by workload) and put the results back in order; rollouts go
+through :attr:`WorkerGroup.engine` (the one engine, or the router over every worker's engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentloop.engines.base import Engine
+from agentloop.errors import ConfigError
+from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
+from agentloop.trainers.config import TrainConfig
+from agentloop.trainers.packing import TrainSeq, dp_partition
+
+__all__ = ["WorkerGroup", "open_worker_group", "shard_indices"]
+
+# calls `method(*args)` on every rank, one args tuple per rank; returns the results in rank order
+CallAll = Callable[[str, Sequence[tuple[Any, ...]]], Awaitable[list[Any]]]
+
+
+def shard_indices(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Sequence indices per rank, balanced on workload; equal counts when they divide evenly
+    (a rank may get none when there are fewer sequences than ranks: it still joins in)."""
+    if world_size == 1:
+        return [list(range(len(lengths)))]
+    if len(lengths) < world_size:
+        return [[i] if i < len(lengths) else [] for i in range(world_size)]
+    return dp_partition(lengths, world_size, equal_size=len(lengths) % world_size == 0)
+
+
+class WorkerGroup:
+    """``world_size`` colocated workers behind batch-level collective calls. ``info`` holds each
+    rank's ``{"rank", "pid", "node_id"}``."""
+
+    def __init__(
+        self,
+        call_all: CallAll,
+        world_size: int,
+        engine: Engine | None,
+        info: Sequence[dict[str, Any]] = (),
+        *,
+        owns_engines: bool = True,
+    ) -> None:
+        self._call_all = call_all
+        self.world_size = world_size
+        self.engine = engine
+        self.info = list(info)
+        # the workers' own vLLM engines (weights to sync, memory to free), not an outside engine
+        self.owns_engines = owns_engines and engine is not None
+
+    async def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        return await self._call_all(method, [args] * self.world_size)
+
+    async def compute_logprobs(
+        self, seqs: Sequence[TrainSeq], *, ref: bool = False
+    ) -> list[torch.Tensor]:
+        """Per-sequence logprobs ``[L_i]`` of the policy (or the reference model)."""
+        shards = shard_indices([len(s) for s in seqs], self.world_size)
+        results = await self._call_all(
+            "compute_logprobs", [([seqs[i] for i in idx], ref) for idx in shards]
+        )
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        for idx, lps in zip(shards, results, strict=True):
+            for i, lp in zip(idx, lps, strict=True):
+                out[i] = lp
+        return [x for x in out if x is not None]
+
+    async def train_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+        """One optimiser update on the whole mini-batch ``seqs``; global metrics."""
+        shards = shard_indices([len(s) for s in seqs], self.world_size)
+        results = await self._call_all("train_step", [([seqs[i] for i in idx],) for idx in shards])
+        metrics: dict[str, float] = results[0]
+        return metrics
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Reload the policy's current weights into every engine."""
+        stats: list[dict[str, float]] = await self._broadcast("sync_weights")
+        return stats[0]
+
+    async def sleep_engines(self) -> None:
+        await self._broadcast("sleep_engine")
+
+    async def wake_engines(self, tags: list[str] | None = None) -> None:
+        await self._broadcast("wake_engine", tags)
+
+    async def save_checkpoint(
+        self, root: Path, *, step: int, extra: dict[str, Any], keep_last: int | None
+    ) -> Path:
+        paths = await self._broadcast("save_checkpoint", str(root), step, extra, keep_last)
+        return Path(paths[0])
+
+    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        extras: list[dict[str, Any]] = await self._broadcast("load_checkpoint", str(path))
+        return extras[0]
+
+    async def export(self, path: Path) -> None:
+        """Write the policy as a plain HF model dir (config, safetensors, tokenizer files)."""
+        await self._broadcast("export", str(path))
+
+
+def worker_spec(cfg: TrainConfig, model_dir: Path, *, threaded: bool) -> WorkerSpec:
+    """What every worker of a run builds (no engine when replaying saved trajectories)."""
+    engine = None if cfg.rollout.replay is not None else cfg.engine_settings()
+    return WorkerSpec(str(model_dir), cfg.actor, engine, with_ref=cfg.needs_ref, threaded=threaded)
+
+
+@contextlib.asynccontextmanager
+async def open_worker_group(
+    cfg: TrainConfig, model_dir: Path, *, engine: Engine | None = None
+) -> AsyncIterator[WorkerGroup]:
+    """Start the workers ``cfg.trainer.placement`` asks for, and stop them on exit.
+
+    ``engine`` (local placement only) replaces the worker's own vLLM engine for rollouts, e.g. a
+    scripted :class:`~agentloop.engines.fake.FakeEngine` in tests; no weights are synced into it.
+    """
+    if engine is not None and cfg.trainer.placement != "local":
+        raise ConfigError("an outside engine works with trainer.placement=local only")
+    if cfg.trainer.placement == "ray":
+        from agentloop.trainers.ray_group import open_ray_group
+
+        async with open_ray_group(cfg, worker_spec(cfg, model_dir, threaded=True)) as group:
+            yield group
+        return
+    spec = worker_spec(cfg, model_dir, threaded=False)
+    if engine is not None:
+        spec = dataclasses.replace(spec, engine=None)
+    worker = ColocatedWorker(spec)
+    try:
+        await worker.start_engine()
+        info = await worker.setup(0, 1, None)
+
+        async def call_all(method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+            return [await getattr(worker, method)(*args[0])]
+
+        own = engine is None
+        yield WorkerGroup(call_all, 1, worker.engine if own else engine, [info], owns_engines=own)
+    finally:
+        await asyncio.shield(worker.close())

@@ -1,0 +1,374 @@
+"""The GRPO/DAPO recipe: the online RL loop, readable top to bottom.
+
+One step: sample prompts → collect groups with the rollout loop that ``agentloop eval`` uses →
+shape rewards (overlong) and, with DAPO dynamic sampling, keep only informative groups → old
+(and reference) logprobs → advantages → mini-batch updates × epochs → sync the new weights into
+the engines → log → validate (``eval_async`` on the live engines) → checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import itertools
+import logging
+import random
+import shutil
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentloop.chat import TokenBuilder
+from agentloop.collect import collect
+from agentloop.engines.base import Engine
+from agentloop.envs import make
+from agentloop.trainers.advantages import (
+    compute_advantages,
+    kl_reward_penalty,
+    outcome_token_rewards,
+)
+from agentloop.trainers.checkpoint import latest_checkpoint
+from agentloop.trainers.config import (
+    AlgorithmConfig,
+    TrainConfig,
+    batch_sizes,
+    config_to_yaml,
+    resolve_model_path,
+)
+from agentloop.trainers.dapo import accumulate_groups, apply_overlong_penalty
+from agentloop.trainers.data import PromptSampler, read_step_groups, write_step_groups
+from agentloop.trainers.group import WorkerGroup, open_worker_group
+from agentloop.trainers.metrics import MetricsLogger, PhaseTimer, mismatch_metrics, rollout_metrics
+from agentloop.trainers.packing import TrainSeq, train_seqs
+from agentloop.types import Trajectory, TrajectoryGroup
+
+__all__ = ["StepInfo", "TrainResult", "batch_advantages", "train", "train_async"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What an ``on_step`` hook sees after a step (weights already synced into the engines)."""
+
+    step: int
+    metrics: Mapping[str, float]
+    groups: tuple[TrajectoryGroup, ...]
+    group: WorkerGroup
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Where a finished run left things."""
+
+    out_dir: Path
+    last_step: int
+    metrics: Mapping[str, float]
+    checkpoint: Path | None
+    export_dir: Path | None
+
+
+StepHook = Callable[[StepInfo], Awaitable[None]]
+
+
+@dataclass
+class _Run:
+    """State shared by the phases of a run."""
+
+    cfg: TrainConfig
+    out: Path
+    model_dir: Path
+    builder: TokenBuilder
+    sampler: PromptSampler
+    group: WorkerGroup
+
+
+def train(cfg: TrainConfig, *, on_step: StepHook | None = None) -> TrainResult:
+    """Run ``cfg`` to ``trainer.total_steps`` (resuming per ``checkpoint.resume``)."""
+    return asyncio.run(train_async(cfg, on_step=on_step))
+
+
+async def train_async(
+    cfg: TrainConfig, *, on_step: StepHook | None = None, engine: Engine | None = None
+) -> TrainResult:
+    """:func:`train` inside a running event loop; ``on_step`` is awaited after every step.
+    ``engine`` (local placement) generates instead of a vLLM engine of the run's own."""
+    from transformers import AutoTokenizer
+
+    out = Path(cfg.trainer.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(config_to_yaml(cfg))
+    model_dir = resolve_model_path(cfg.model.path)
+    env = make(cfg.data.env, **cfg.data.env_kwargs)
+    tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
+    print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
+    print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
+    builder = TokenBuilder(AutoTokenizer.from_pretrained(model_dir), tools=env.tool_schemas)
+    sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    async with open_worker_group(cfg, model_dir, engine=engine) as group:
+        run = _Run(cfg, out, model_dir, builder, sampler, group)
+        start = await _restore(run)
+        logger = MetricsLogger(cfg.logging, out, total_steps=cfg.trainer.total_steps,
+                               start_step=start, run_config=dataclasses.asdict(cfg))  # fmt: skip
+        try:
+            return await _loop(run, logger, start, on_step)
+        finally:
+            logger.close()
+
+
+async def _loop(
+    run: _Run, logger: MetricsLogger, start: int, on_step: StepHook | None
+) -> TrainResult:
+    cfg, total = run.cfg, run.cfg.trainer.total_steps
+    can_generate = run.group.engine is not None
+    if cfg.trainer.val_before_train and start == 0 and can_generate:
+        logger.log(0, await _validate(run, 0), advance=False)
+    metrics: dict[str, float] = {}
+    checkpoint: Path | None = None
+    for step in range(start + 1, total + 1):
+        timer = PhaseTimer()
+        metrics, groups = await _step(run, step, timer)
+        last = step == total
+        val_every = cfg.trainer.val_every
+        if can_generate and val_every > 0 and (last or _every(val_every, step)):
+            with timer("testing"):
+                metrics.update(await _validate(run, step))
+        if _every(cfg.checkpoint.every, step) or (last and cfg.checkpoint.save_final):
+            with timer("save_checkpoint"):
+                checkpoint = await _save(run, step)
+        metrics.update(timer.metrics())
+        metrics["perf/tokens_per_s"] = metrics.get("perf/tokens", 0.0) / metrics["timing_s/step"]
+        if metrics.get("timing_s/gen", 0.0) > 0 and "perf/sampled_tokens" in metrics:
+            metrics["perf/gen_tokens_per_s"] = (
+                metrics["perf/sampled_tokens"] / metrics["timing_s/gen"]
+            )
+        logger.log(step, metrics)
+        if on_step is not None:
+            await on_step(StepInfo(step, metrics, tuple(groups), run.group))
+    export = None
+    if cfg.checkpoint.export_final:
+        export = run.out / "final"
+        await run.group.export(export)
+        print(f"exported the trained model to {export} (an HF model dir)", flush=True)
+    return TrainResult(run.out, max(start, total), metrics, checkpoint, export)
+
+
+def _every(n: int, step: int) -> bool:
+    return n > 0 and step % n == 0
+
+
+async def _step(
+    run: _Run, step: int, timer: PhaseTimer
+) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    """One RL step: rollouts → logprobs → advantages → updates → weight sync."""
+    cfg, group = run.cfg, run.group
+    sleep = cfg.trainer.sleep_engines and group.owns_engines
+    with timer("gen"):
+        groups, metrics = await _generate(run, step)
+    if cfg.rollout.save_trajectories:
+        write_step_groups(run.out / "trajectories", step, groups, cfg.data.env)
+    metrics.update(rollout_metrics(groups))
+    trajs = [t for g in groups for t in g.trajectories]
+    group_ids = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
+    keep = [i for i, t in enumerate(trajs) if t.num_trained_tokens > 0]
+    if not keep:
+        log.warning("step %d: no trajectory has a trained token; skipping the update", step)
+        return {**metrics, "actor/updates": 0.0}, groups
+    if sleep:
+        await group.sleep_engines()
+    seqs = train_seqs([trajs[i] for i in keep], [0.0] * len(keep))
+    with timer("old_log_prob"):
+        old = await group.compute_logprobs(seqs)
+    engine_lp, masks = [s.rollout_logprobs for s in seqs], [s.loss_mask for s in seqs]
+    metrics.update(mismatch_metrics(engine_lp, old, masks, tis_cap=cfg.actor.tis_cap))
+    ref = None
+    if cfg.needs_ref:
+        with timer("ref"):
+            ref = await group.compute_logprobs(seqs, ref=True)
+    with timer("adv"):
+        adv = batch_advantages(cfg.algorithm, trajs, group_ids, keep, old, ref)
+    metrics.update(_adv_metrics(adv, seqs))
+    seqs = [
+        dataclasses.replace(
+            s, advantages=a, old_logprobs=o, ref_logprobs=None if ref is None else r
+        )
+        for s, a, o, r in zip(seqs, adv, old, ref or old, strict=True)
+    ]
+    with timer("update_actor"):
+        metrics.update(await _update(run, seqs))
+    metrics["perf/tokens"] = float(sum(len(s) for s in seqs))
+    if sleep:
+        await group.wake_engines(["weights"])
+    if group.owns_engines:
+        with timer("sync_weights"):
+            metrics.update(await group.sync_weights())
+    if sleep:
+        await group.wake_engines(["kv_cache"])
+    return metrics, groups
+
+
+async def _generate(run: _Run, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """This step's groups: replayed from disk, or collected (and, with DAPO dynamic sampling,
+    collected again until ``prompts_per_step`` groups have non-constant rewards)."""
+    cfg, alg = run.cfg, run.cfg.algorithm
+    if cfg.rollout.replay is not None:
+        return read_step_groups(cfg.rollout.replay, step), {"rollout/gen_rounds": 0.0}
+    assert run.group.engine is not None
+    buffer: list[TrajectoryGroup] = []
+    dropped, sampled_tokens, rounds = 0, 0, 0
+    while True:
+        rounds += 1
+        tasks = run.sampler.next_batch(cfg.trainer.prompts_per_step)
+        groups = await collect(
+            tasks, cfg.data.env, run.group.engine, run.builder, config=cfg.rollout.base(),
+            group_size=cfg.rollout.n, concurrency=cfg.rollout.concurrency,
+            seed=_round_seed(cfg.trainer.seed, step, rounds), env_kwargs=cfg.data.env_kwargs,
+        )  # fmt: skip
+        sampled_tokens += sum(t.num_trained_tokens for g in groups for t in g.trajectories)
+        if alg.overlong_buffer:
+            groups = apply_overlong_penalty(
+                groups, max_response_len=cfg.rollout.max_response_len,
+                overlong_buffer=alg.overlong_buffer, penalty_factor=alg.overlong_penalty_factor,
+            )  # fmt: skip
+        if not alg.dynamic_sampling:
+            batch: list[TrajectoryGroup] | None = groups
+        else:
+            batch, buffer, stats = accumulate_groups(
+                buffer, groups, target_groups=cfg.trainer.prompts_per_step, rounds=rounds,
+                max_rounds=alg.max_sampling_rounds, metric=alg.filter_metric,
+            )  # fmt: skip
+            dropped += stats.dropped_groups
+        if batch is not None:
+            return batch, {"rollout/gen_rounds": float(rounds),
+                           "rollout/dropped_groups": float(dropped),
+                           "perf/sampled_tokens": float(sampled_tokens)}  # fmt: skip
+
+
+def _round_seed(seed: int, step: int, round_: int) -> int:
+    """A stable sampling seed per (run seed, step, generation round)."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{round_}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def batch_advantages(
+    alg: AlgorithmConfig,
+    trajs: Sequence[Trajectory],
+    group_ids: Sequence[int],
+    keep: Sequence[int],
+    old: Sequence[torch.Tensor],
+    ref: Sequence[torch.Tensor] | None,
+) -> list[torch.Tensor]:
+    """Per-token advantages ``[L]`` of ``trajs[i] for i in keep``.
+
+    Group statistics use every trajectory of a group (a failed one scores its reward, 0), as in
+    verl. With ``use_kl_in_reward`` the token rewards first lose ``coef·KL(old ‖ ref)`` on
+    each trained token (``old``/``ref`` are aligned with ``keep``).
+    """
+    width = max(1, *(len(t.token_ids) for t in trajs))
+    mask = torch.zeros(len(trajs), width)
+    for i, t in enumerate(trajs):
+        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    token_rewards = outcome_token_rewards(torch.tensor([t.reward for t in trajs]), mask)
+    if alg.use_kl_in_reward:
+        if ref is None:
+            raise ValueError("use_kl_in_reward needs reference logprobs")
+        lp, ref_lp = torch.zeros_like(mask), torch.zeros_like(mask)
+        for j, i in enumerate(keep):
+            lp[i, : len(old[j])], ref_lp[i, : len(ref[j])] = old[j], ref[j]
+        token_rewards = kl_reward_penalty(
+            token_rewards, lp, ref_lp, mask, alg.kl_reward_coef, alg.kl_reward_type
+        )
+    adv = compute_advantages(
+        alg.adv_estimator, token_rewards, mask, list(group_ids),
+        norm_by_std=alg.norm_by_std, epsilon=alg.epsilon, gamma=alg.gamma,
+    )  # fmt: skip
+    return [adv[i, : len(trajs[i].token_ids)].clone() for i in keep]
+
+
+def _adv_metrics(adv: Sequence[torch.Tensor], seqs: Sequence[TrainSeq]) -> dict[str, float]:
+    m = torch.cat([s.loss_mask for s in seqs]) > 0
+    a = torch.cat(list(adv))[m]
+    if a.numel() == 0:
+        return {}
+    return {"adv/mean": float(a.mean()), "adv/abs_mean": float(a.abs().mean()),
+            "adv/max": float(a.max()), "adv/min": float(a.min())}  # fmt: skip
+
+
+async def _update(run: _Run, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+    """``ppo_epochs`` passes over ``mini_batches`` contiguous mini-batches, one optimiser update
+    each. Metrics are the mean over updates (``actor/updates`` counts them)."""
+    t, world = run.cfg.trainer, run.group.world_size
+    # every rank needs a sequence per update; heavy filtering can leave fewer than planned
+    k = max(1, min(t.mini_batches, len(seqs) // world))
+    bounds = [round(i * len(seqs) / k) for i in range(k + 1)]
+    chunks = [list(seqs[a:b]) for a, b in itertools.pairwise(bounds)]
+    results = []
+    for _ in range(t.ppo_epochs):
+        for chunk in chunks:
+            results.append(await run.group.train_step(chunk))
+    out = {f"actor/{key}": sum(r[key] for r in results) / len(results) for key in results[0]}
+    out["actor/updates"] = float(len(results))
+    return out
+
+
+async def _validate(run: _Run, step: int) -> dict[str, float]:
+    """``val/*``: the eval loop (same rollout, same scoring) on the live engines."""
+    from agentloop.eval import EvalConfig, eval_async
+
+    cfg = run.cfg
+    out = run.out / "val" / f"step_{step:06d}"
+    shutil.rmtree(out, ignore_errors=True)  # a resumed run redoes this step's validation
+    ecfg = EvalConfig(
+        env=cfg.data.env, model=str(run.model_dir), out=out, n=cfg.trainer.val_n,
+        num_tasks=cfg.data.num_val_tasks, split=cfg.data.val_split, engine="vllm",
+        seed=cfg.trainer.seed, concurrency=cfg.rollout.concurrency, rollout=cfg.rollout.base(),
+        env_kwargs=cfg.data.env_kwargs,
+    )  # fmt: skip
+    assert run.group.engine is not None
+    s = await eval_async(ecfg, engine=run.group.engine, progress=False)
+    metrics = {
+        "val/reward_mean": s.reward.mean,
+        "val/turns_mean": s.mean_turns,
+        "val/response_len_mean": s.mean_response_tokens,
+        "val/tool_calls_mean": s.tool_calls_per_episode,
+        "val/tool_error_rate": s.tool_error_rate,
+        "val/episodes": float(s.episodes),
+    }
+    if 1 in s.pass_at_k:
+        metrics["val/pass@1"] = s.pass_at_k[1]
+    return metrics
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+async def _save(run: _Run, step: int) -> Path:
+    extra = {"trainer_step": step, "sampler": run.sampler.state_dict(), "rng": _rng_state()}
+    return await run.group.save_checkpoint(
+        run.out / "checkpoints", step=step, extra=extra, keep_last=run.cfg.checkpoint.keep_last
+    )
+
+
+async def _restore(run: _Run) -> int:
+    """Load the checkpoint ``checkpoint.resume`` selects; return the step it ended (0: none).
+    The engines get the restored weights before the first rollout."""
+    resume = run.cfg.checkpoint.resume
+    if resume == "never":
+        return 0
+    path = latest_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
+    if path is None:
+        return 0
+    extra = await run.group.load_checkpoint(path)
+    run.sampler.load_state_dict(extra["sampler"])
+    random.setstate(extra["rng"]["python"])
+    torch.set_rng_state(extra["rng"]["torch"])
+    if run.group.owns_engines:
+        await run.group.sync_weights()
+    step = int(extra["trainer_step"])
+    print(f"resumed from {path} (step {step})", flush=True)
+    return step

@@ -1,0 +1,133 @@
+"""Ray placement: one bundle per device, one colocated FSDP2 + vLLM actor per bundle, a router.
+
+Joins the cluster ``ray.address`` names (``auto`` for a running one, which is how multi-node
+runs start) or starts a private local Ray, and shuts down only what it started: its actors, its
+placement group and, if it started Ray, its Ray instance (never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from agentloop.engines.base import SamplingParams
+from agentloop.engines.router import ReplicatedEngine
+from agentloop.errors import ConfigError
+from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
+from agentloop.trainers.config import TrainConfig
+from agentloop.trainers.group import WorkerGroup
+from agentloop.types import Completion
+
+__all__ = ["RayEngineClient", "open_ray_group"]
+
+log = logging.getLogger(__name__)
+_PLACEMENT_TIMEOUT_S = 120.0
+
+
+class RayEngineClient:
+    """The Engine protocol over one colocated actor's vLLM engine (a router replica)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Completion:
+        result: Completion = await self.actor.generate.remote(
+            list(prompt_ids), sampling, session_id
+        )
+        return result
+
+
+def _start_ray(cfg: TrainConfig) -> bool:
+    """Connect to (or start) Ray; return whether this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray.address is not None:
+        ray.init(address=cfg.ray.address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+async def _placement_group(cfg: TrainConfig) -> Any:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    gpus = cfg.ray.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    bundle = {"CPU": cfg.ray.cpus_per_worker, **({"GPU": gpus} if gpus else {})}
+    n = cfg.trainer.num_workers
+    pg = placement_group([dict(bundle) for _ in range(n)], strategy=cfg.ray.placement_strategy)
+    try:
+        await asyncio.wait_for(pg.ready(), _PLACEMENT_TIMEOUT_S)
+    except TimeoutError:
+        remove_placement_group(pg)
+        raise ConfigError(
+            f"Ray could not place {n} workers of {bundle} ({cfg.ray.placement_strategy}) in "
+            f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.cluster_resources()}: lower "
+            "trainer.num_workers or ray.cpus_per_worker/gpus_per_worker, or add nodes"
+        ) from None
+    return pg, bundle
+
+
+@contextlib.asynccontextmanager
+async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[WorkerGroup]:
+    """``cfg.trainer.num_workers`` colocated actors in one placement group, started and set up
+    (engines first, then the process group), and torn down on exit."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    started = _start_ray(cfg)
+    pg: Any = None
+    actors: list[Any] = []
+    try:
+        pg, bundle = await _placement_group(cfg)
+        remote_cls = ray.remote(ColocatedWorker)
+        for i in range(cfg.trainer.num_workers):
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+            actors.append(remote_cls.options(
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=strategy, max_concurrency=1024,
+            ).remote(spec))  # fmt: skip
+        await asyncio.gather(*(a.start_engine.remote() for a in actors))
+        host, port = await actors[0].address.remote()
+        n = len(actors)
+        info = await asyncio.gather(
+            *(a.setup.remote(i, n, f"tcp://{host}:{port}") for i, a in enumerate(actors))
+        )
+
+        async def call_all(method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+            refs = [getattr(a, method).remote(*x) for a, x in zip(actors, args, strict=True)]
+            return list(await asyncio.gather(*refs))
+
+        engine = ReplicatedEngine([RayEngineClient(a) for a in actors]) if spec.engine else None
+        log.info("ray workers: %s", info)
+        yield WorkerGroup(call_all, n, engine, info)
+    finally:
+        await _teardown(actors, pg, started)
+
+
+async def _teardown(actors: list[Any], pg: Any, started: bool) -> None:
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    if actors:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(a.close.remote() for a in actors), return_exceptions=True), 120
+            )
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+    if pg is not None:
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+    if started:
+        ray.shutdown()
