@@ -7,6 +7,8 @@ For each backend and mode: median and p99 latency of ``print(1)`` run sequential
 with 1, 8 and 32 concurrent callers. Modes: ``cold`` = a fresh sandbox + interpreter per run (no
 pool), ``pooled run`` = ``sandbox.run`` with pre-warmed interpreters (one per run, discarded),
 ``session`` = consecutive runs in an open session (one session per concurrent caller).
+``bwrap alone`` starts the local backend's own bubblewrap command line for a cold run directly
+(no launcher, no cgroup): the price of the isolation itself, the floor of ``local cold``.
 The machine may be shared and busy, so each row times bare ``python3 -c`` right before and after
 its latency runs and reports ``×bare`` against that floor.
 """
@@ -91,11 +93,23 @@ async def throughput(
 
 
 async def bare_run() -> None:
-    proc = await asyncio.create_subprocess_exec(
-        "/usr/bin/python3", "-c", CODE, stdout=asyncio.subprocess.PIPE
-    )
+    await argv_run(["/usr/bin/python3", "-c", CODE])
+
+
+async def argv_run(argv: list[str], env: dict[str, str] | None = None) -> None:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=env)
     out, _ = await proc.communicate()
     assert out == b"1\n", out
+
+
+def bwrap_alone(sb: Any) -> RunFn:
+    """The local backend's own bwrap command line for a cold run, started directly: the cost of
+    the isolation itself (namespaces, mounts), without agentloop's launchers and limits."""
+    from agentloop.sandboxes.bwrap import BOOT_MOUNT, sandbox_env
+
+    env = {**sandbox_env(sb.limits), "PYTHONPATH": BOOT_MOUNT}
+    argv = [*sb._bwrap_argv(["--ro-bind", sb._boot_dir, BOOT_MOUNT]), sb.python, "-c", CODE]
+    return lambda: argv_run(argv, env)
 
 
 def checked(run: Callable[[], Awaitable[Any]]) -> RunFn:
@@ -144,6 +158,8 @@ async def bench_sandbox(name: str, sb: Any, n: int, concs: list[int], scale: flo
 
     async with sb.session() as s:
         one_s = checked(lambda: s.run(CODE))
+        # the pool refills after the last row's burst: that is not this row's cost
+        await asyncio.sleep(5)
         rows.append(await measure(name, "session", one_s, in_session, n * 4, concs, 4 * scale))
     return rows
 
@@ -175,6 +191,12 @@ async def main(args: argparse.Namespace) -> list[Row]:
     rows.append(await measure("bare python3 -c", "cold", bare_run, bare_worker, args.n, concs, 1))
     if "local" in args.backends:
         async with make_sandbox("local", pool_size=0, limits=limits) as sb:
+            floor = bwrap_alone(sb)
+
+            async def floor_worker() -> AsyncIterator[RunFn]:
+                yield floor
+
+            rows.append(await measure("bwrap alone", "cold", floor, floor_worker, args.n, concs, 1))
             rows += await bench_sandbox("local", sb, args.n, concs, 1)
         async with make_sandbox("local", pool_size=args.pool, limits=limits) as sb:
             await asyncio.sleep(1)

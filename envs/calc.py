@@ -1,4 +1,4 @@
-"""agentloop/Calc-v0: seeded arithmetic word problems, a python tool, a boxed-answer verifier."""
+"""agentloop/Calc-v0: seeded arithmetic word problems, a sandboxed python tool, a boxed verifier."""
 
 from __future__ import annotations
 
@@ -8,15 +8,28 @@ from collections.abc import Sequence
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.tool_env import ToolEnv
 from agentloop.errors import EnvError
-from agentloop.tools.arith import python
+from agentloop.sandboxes import Sandbox
+from agentloop.tools.code_interpreter import code_interpreter_tool
+from agentloop.tools.tool import Tool
 from agentloop.types import Message, Task
 
-__all__ = ["SYSTEM_PROMPT", "CalcEnv", "calc_reward", "make_calc_task"]
+__all__ = [
+    "SYSTEM_PROMPT",
+    "TOOL_NAME",
+    "TOOL_TIMEOUT_S",
+    "CalcEnv",
+    "calc_reward",
+    "calc_tool",
+    "make_calc_task",
+]
 
 SYSTEM_PROMPT = (
-    "You are a careful calculator. Compute with the python tool, then give the final answer "
-    "as \\boxed{number}."
+    "You are a careful calculator. Compute with the python tool and print() the result, then "
+    "give the final answer as \\boxed{number}."
 )
+#: The name the model calls; the tiny model's corpus, the demo and SFT traces use it.
+TOOL_NAME = "python"
+TOOL_TIMEOUT_S = 10.0
 _SPLITS = ("train", "test")
 _TEMPLATES = (
     ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
@@ -65,12 +78,29 @@ def calc_reward(task: Task, messages: Sequence[Message]) -> Reward:
     )
 
 
+def calc_tool(sandbox: Sandbox | str = "local") -> Tool:
+    """Calc's ``python`` tool: the code interpreter in ``sandbox`` (an instance, or a backend
+    name whose per-event-loop shared sandbox is used), one session per episode."""
+    return code_interpreter_tool(sandbox, timeout_s=TOOL_TIMEOUT_S, name=TOOL_NAME)
+
+
 class CalcEnv(ToolEnv):
     """Arithmetic that a small model cannot do in its head: multiply multi-digit numbers with the
-    ``python`` tool and answer ``\\boxed{n}``. ``digits`` sets the size of the first operand."""
+    ``python`` tool and answer ``\\boxed{n}``. ``digits`` sets the size of the first operand.
 
-    def __init__(self, *, digits: int = 3, max_turns: int | None = None) -> None:
-        super().__init__([python], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+    The tool is the code interpreter: the model's code runs in ``sandbox`` (default: the event
+    loop's shared ``local`` bubblewrap sandbox), state persisting across the episode's calls.
+    Pass ``sandbox="fake"`` for fast unit tests (unisolated, in-process ``exec``), or a sandbox
+    you own (and close) to pick its backend and limits:
+    ``make("agentloop/Calc-v0", sandbox=sb)``.
+    """
+
+    def __init__(
+        self, *, digits: int = 3, max_turns: int | None = None, sandbox: Sandbox | str = "local"
+    ) -> None:
+        super().__init__(
+            [calc_tool(sandbox)], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns
+        )
         self.digits = digits
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

@@ -21,8 +21,12 @@ MAX_TEXT = 1 << 16
 
 
 def messages_to_text(messages: Sequence[Message]) -> str:
-    """Observation text: one ``role: content`` block per message."""
-    return "\n".join(f"{m.role}: {m.content}" for m in messages)
+    """Observation text: one ``role: content`` block per message; images as ``[image WxH]``."""
+    return "\n".join(f"{m.role}: {_image_marks(m)}{m.content}" for m in messages)
+
+
+def _image_marks(m: Message) -> str:
+    return "".join(f"[image {im.size[0]}x{im.size[1]}] " for im in m.images)
 
 
 class GymnasiumEnv(gymnasium.Env[str, str]):
@@ -67,4 +71,6 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     def close(self) -> None:
         if not self._loop.is_closed():
             self._loop.run_until_complete(self.env.close())
+            # as asyncio.run does: loop-scoped resources (shared sandboxes) close here
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()

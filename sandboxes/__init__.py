@@ -7,7 +7,8 @@
             print((await s.run("print(x + 1)")).stdout)
 
 Backends are registered by name and imported lazily: ``local`` (default), ``docker``, ``remote``,
-``fake`` and the explicit, unisolated ``subprocess_unsafe``.
+``fake`` and the explicit, unisolated ``subprocess_unsafe``. ``shared_sandbox(name)`` gives the
+running event loop's shared instance (what the code-interpreter tool uses by default).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .base import (
     register_sandbox,
 )
 from .fake import FakeSandbox
+from .shared import shared_sandbox
 
 __all__ = [
     "LANGUAGES",
@@ -36,6 +38,7 @@ __all__ = [
     "available_sandboxes",
     "make_sandbox",
     "register_sandbox",
+    "shared_sandbox",
 ]
 
 register_sandbox("local", "agentloop.sandboxes.local:LocalSandbox")

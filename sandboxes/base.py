@@ -309,4 +309,9 @@ def make_sandbox(name: str, **kwargs: Any) -> Sandbox:
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")
         entry = getattr(importlib.import_module(module), attr)
-    return entry(**kwargs)
+    try:
+        return entry(**kwargs)
+    except TypeError as exc:  # an option this backend does not have
+        raise ConfigError(
+            f"sandbox backend {name!r} cannot be built with {sorted(kwargs)}: {exc}"
+        ) from None

@@ -46,8 +46,10 @@ _ETC = {
 
 def podman_missing() -> str | None:
     """Why no podman engine can be started here (None if it can)."""
+    # Debian puts runc in /usr/sbin, which a non-login PATH may lack; podman looks there itself
+    path = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin"))
     for tool in ("podman", "runc"):
-        if shutil.which(tool) is None:
+        if shutil.which(tool, path=path) is None:
             return f"{tool} is not installed (`{_INSTALL}`)"
     if os.geteuid() != 0:
         return "podman's service is started here as root only (rootless needs more setup)"

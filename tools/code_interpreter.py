@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import weakref
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-from agentloop.errors import SandboxError, ToolError
-from agentloop.sandboxes import ExecResult, Sandbox, make_sandbox
+from agentloop.errors import ConfigError, SandboxError, ToolError
+from agentloop.sandboxes import ExecResult, Sandbox, available_sandboxes
+from agentloop.sandboxes.shared import shared_sandbox
 from agentloop.tools.context import ToolContext
 from agentloop.tools.tool import Tool, tool
 
@@ -15,10 +16,6 @@ __all__ = ["code_interpreter", "code_interpreter_tool", "format_exec_result"]
 
 _SESSION_KEY = "code_interpreter.session"
 _GRACE_S = 30.0  # the sandbox enforces the run's timeout; the tool deadline only backs it up
-# One default local sandbox per event loop (asyncio resources belong to the loop that made them).
-_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Sandbox] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def format_exec_result(result: ExecResult, timeout_s: float | None = None) -> str:
@@ -46,23 +43,7 @@ def format_exec_result(result: ExecResult, timeout_s: float | None = None) -> st
     return "\n".join(parts) if parts else "(no output; use print() to see values)"
 
 
-async def _default_sandbox() -> Sandbox:
-    loop = asyncio.get_running_loop()
-    sandbox = _defaults.get(loop)
-    if sandbox is None:
-        sandbox = _defaults[loop] = make_sandbox("local")
-    return sandbox
-
-
-def code_interpreter_tool(
-    sandbox: Sandbox | None = None, *, timeout_s: float = 30.0, name: str = "code_interpreter"
-) -> Tool:
-    """A ``code_interpreter`` tool running in ``sandbox`` (default: a local bubblewrap sandbox,
-    started on first use). Each episode gets its own session — variables, imports and files
-    persist across the episode's calls and never leak to another episode — which closes with
-    the episode's tool session. A sandbox failure becomes an error observation (``ToolError``).
-    """
-
+def _run_code(sandbox: Sandbox | str, timeout_s: float, key: str) -> Callable[..., Any]:
     async def run_code(code: str, ctx: ToolContext) -> str:
         """Run Python code in a persistent interpreter and see what it prints.
 
@@ -72,17 +53,50 @@ def code_interpreter_tool(
         Args:
             code: The Python code to run.
         """
-        box = sandbox or await _default_sandbox()
         try:
+            box = await shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
             await box.start()
-            session: Any = await ctx.enter(_SESSION_KEY, box.session)
+            session: Any = await ctx.enter(key, box.session)
             result = await session.run(code, timeout_s=timeout_s)
         except SandboxError as exc:
             raise ToolError(f"the sandbox could not run the code: {exc}") from exc
         return format_exec_result(result, timeout_s)
 
-    return tool(name=name, timeout_s=timeout_s + _GRACE_S)(run_code)
+    return run_code
 
 
-#: The default tool: a local bubblewrap sandbox, 30 s per call.
+# The schema comes from run_code's signature and docstring, the same for every sandbox: build it
+# once and rebind only the function (inspecting a function costs ~1 ms; envs are made per episode).
+_TEMPLATE = tool(name="code_interpreter")(_run_code("local", 30.0, _SESSION_KEY))
+
+
+def code_interpreter_tool(
+    sandbox: Sandbox | str = "local", *, timeout_s: float = 30.0, name: str = "code_interpreter"
+) -> Tool:
+    """A ``code_interpreter`` tool (named ``name``) running Python in ``sandbox``.
+
+    ``sandbox`` is a started-on-first-use :class:`Sandbox` you own, or a backend name: then the
+    event loop's shared sandbox of that backend is used (``shared_sandbox``; the default is a
+    local bubblewrap sandbox, closed when the loop shuts down). Each episode gets its own session
+    — variables, imports and files persist across the episode's calls and never leak to another
+    episode — which closes with the episode's tool session. Each call may run ``timeout_s``
+    seconds. A sandbox failure becomes an error observation (``ToolError``).
+    """
+    if isinstance(sandbox, str):
+        if sandbox not in available_sandboxes():
+            raise ConfigError(
+                f"unknown sandbox backend {sandbox!r}; use one of {available_sandboxes()}"
+            )
+    elif not hasattr(sandbox, "session"):
+        raise ConfigError(
+            f"sandbox must be a Sandbox or a backend name like 'local', got {sandbox!r}"
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    key = f"{_SESSION_KEY}.{name}"  # two interpreter tools in one env keep separate sessions
+    fn = _run_code(sandbox, timeout_s, key)
+    return dataclasses.replace(_TEMPLATE, name=name, fn=fn, timeout_s=timeout_s + _GRACE_S)
+
+
+#: The default tool: the event loop's shared local bubblewrap sandbox, 30 s per call.
 code_interpreter = code_interpreter_tool()

@@ -84,6 +84,8 @@ def test_registry_builds_backends_and_suggests_names() -> None:
         make_sandbox("locl")
     with pytest.raises(ConfigError, match="already registered"):
         sandboxes.register_sandbox("fake", sandboxes.FakeSandbox)
+    with pytest.raises(ConfigError, match=r"'fake' cannot be built with \['pool_size'\]"):
+        make_sandbox("fake", pool_size=2)
 
 
 def test_unsafe_backend_needs_an_explicit_opt_in() -> None:

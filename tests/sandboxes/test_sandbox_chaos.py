@@ -21,6 +21,9 @@ from agentloop.errors import SandboxError
 from agentloop.sandboxes import make_sandbox
 from agentloop.sandboxes.cgroups import detect_cgroups
 from agentloop.sandboxes.docker import sandbox_containers
+from agentloop.tools import Toolset
+from agentloop.tools.code_interpreter import code_interpreter_tool
+from agentloop.types import ToolCall
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 LEAK_DEADLINE_S = 60.0
@@ -105,17 +108,24 @@ async def test_killed_server_gives_a_clear_error_and_a_restart_restores_service(
     port = wait_line(server, r":(\d+)\s*$").group(1)
     url = f"http://127.0.0.1:{port}"
     async with make_sandbox("remote", urls=url, retries=2, backoff_s=0.05) as client:
-        async with client.session() as s:
+        tools = Toolset([code_interpreter_tool(client, name="python", timeout_s=90)])
+        sleep = ToolCall("python", {"code": "import time; time.sleep(60)"}, id="c1")
+        async with client.session() as s, tools.session() as episode:
             await s.run("x = 1")
             running = asyncio.ensure_future(s.run("import time; time.sleep(60)", timeout_s=90))
-            await asyncio.sleep(1.0)
+            tool_call = asyncio.ensure_future(episode.dispatch([sleep]))
+            await asyncio.sleep(1.5)
             sandboxes = descendants(server.pid)
-            assert len(sandboxes) >= 2  # bwrap + kernel processes
+            assert len(sandboxes) >= 4  # bwrap + kernel processes of both sessions
             started = time.monotonic()
             server.send_signal(signal.SIGKILL)
             with pytest.raises(SandboxError, match="sandbox server"):
                 await asyncio.wait_for(running, 15)
+            (observation,) = await asyncio.wait_for(tool_call, 15)  # the tool: an observation
             assert time.monotonic() - started < 15  # a clear error, not a hang
+            assert observation.error_kind is not None, observation
+            assert "sandbox could not run the code" in observation.content, observation
+            assert "sandbox server" in observation.content, observation
         assert wait_dead(sandboxes) == {}, "sandboxes outlived their killed server"
         restarted = spawn(SERVER.format(port=port))
         children.append(restarted)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
+import signal
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from sbx_helpers import needs_bwrap
 
 from agentloop.errors import ConfigError, SandboxError
 from agentloop.sandboxes import ExecResult, FakeSandbox, make_sandbox
@@ -189,3 +193,26 @@ async def test_serve_entry_point_and_parser() -> None:
     await asyncio.wait_for(task, 10)
     with pytest.raises(ConfigError, match="urls must be http"):
         make_sandbox("remote", urls="localhost:80")
+
+
+@needs_bwrap
+async def test_agentloop_serve_sandbox_command() -> None:
+    """The documented command line: ``agentloop serve-sandbox --backend local --port N
+    --max-concurrency K --token T``, a real local backend behind it, SIGTERM ends it cleanly."""
+    argv = [sys.executable, "-m", "agentloop.cli", "serve-sandbox", "--backend", "local"]
+    argv += ["--port", "0", "--max-concurrency", "2", "--token", TOKEN, "--pool-size", "1"]
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        url = re.search(r"(http://127\.0\.0\.1:\d+)\s*$", line)
+        assert url, line
+        async with make_sandbox("remote", urls=url.group(1), token=TOKEN) as sb:
+            res = await sb.run("import os; print(os.getcwd(), 6 * 7)")
+            assert res.stdout == "/sandbox 42\n", res
+        status, body, _ = await post(url.group(1) + "/v1/run", {"code": "1"}, token="wrong")
+        assert status == 401, body
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
