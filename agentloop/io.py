@@ -62,6 +62,8 @@ def trajectory_to_dict(t: Trajectory) -> dict[str, Any]:
         "messages": [_message_to_dict(m) for m in t.messages],
         "metrics": dict(t.metrics),
         "images": [_image_to_dict(im) for im in t.images],
+        "image_grids": [list(g) for g in t.image_grids],
+        **({"versions": list(t.versions)} if t.versions else {}),
     }
 
 
@@ -75,6 +77,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
             f"v{FORMAT_VERSION}); read it with the agentloop version that wrote it"
         )
     try:
+        images = tuple(_image_from_dict(im) for im in data.get("images", ()))
         return Trajectory(
             task_id=data["task_id"],
             token_ids=tuple(data["token_ids"]),
@@ -84,11 +87,13 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
             reward=float(data["reward"]),
             stop_reason=StopReason(data["stop_reason"]),
             turns=tuple(Turn(**turn) for turn in data.get("turns", ())),
-            messages=tuple(_message_from_dict(m) for m in data.get("messages", ())),
+            messages=_messages_from_dicts(data.get("messages", ()), images),
             metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
             error=data.get("error"),
             sample_index=data.get("sample_index", 0),
-            images=tuple(_image_from_dict(im) for im in data.get("images", ())),
+            images=images,
+            image_grids=tuple(tuple(g) for g in data.get("image_grids", ())),
+            versions=tuple(int(v) for v in data.get("versions", ())),
         )
     except (KeyError, TypeError, ValueError) as exc:
         task = data.get("task_id", "?") if isinstance(data, Mapping) else "?"
@@ -106,7 +111,26 @@ def _message_to_dict(m: Message) -> dict[str, Any]:
         out["tool_call_id"] = m.tool_call_id
     if m.name is not None:
         out["name"] = m.name
+    if m.images:  # the pixels are stored once, in the trajectory's "images", in message order
+        out["images"] = len(m.images)
     return out
+
+
+def _messages_from_dicts(
+    dicts: Iterable[Mapping[str, Any]], images: tuple[Any, ...]
+) -> tuple[Message, ...]:
+    """Messages with their images given back from the trajectory's image list, in order."""
+    out, at = [], 0
+    for d in dicts:
+        m = _message_from_dict(d)
+        n = int(d.get("images", 0))
+        if n:
+            m = Message(
+                m.role, m.content, m.tool_calls, m.tool_call_id, m.name, images[at : at + n]
+            )
+            at += n
+        out.append(m)
+    return tuple(out)
 
 
 def _call_to_dict(c: ToolCall) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentloop.chat import TokenBuilder
@@ -87,6 +87,14 @@ class _Episode:
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
+    image_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)  # None: an engine gave none
+
+    def add_images(self, messages: list[Message], builder: TokenBuilder) -> None:
+        """Record the images of messages just appended, in token order (VLM episodes)."""
+        self.images.extend(im for m in messages for im in m.images)
+        self.image_grids.extend(builder.image_grids(messages))
 
     def count_tool_errors(self, result: StepResult) -> None:
         for r in result.info.get("tool_results", ()):
@@ -102,6 +110,11 @@ class _Episode:
         self.token_ids.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(sampled.logprobs if sampled else [0.0] * len(ids))
+        if self.versions is not None:
+            if sampled is not None and not sampled.versions:
+                self.versions = None  # the engine tracks no policy versions
+            else:
+                self.versions.extend(sampled.versions if sampled else [-1] * len(ids))
 
     def build(self, reason: StopReason, error: str | None) -> Trajectory:
         counts = Counter[str]()
@@ -129,6 +142,9 @@ class _Episode:
             metrics=metrics,
             error=error,
             sample_index=self.sample_index,
+            images=tuple(self.images),
+            image_grids=tuple(self.image_grids),
+            versions=tuple(self.versions or ()),
         )
 
 
@@ -158,7 +174,17 @@ async def rollout(
         await _close(env, episode)
     if config.check_template and episode.turns and not reason.is_error:
         builder.check_text(episode.token_ids, episode.messages)
-    return episode.build(reason, error)
+    trajectory = episode.build(reason, error)
+    if builder.vision is not None:  # placeholder runs must match the image grids, always
+        from agentloop.vision import check_image_placeholders
+
+        check_image_placeholders(
+            trajectory.token_ids,
+            trajectory.image_grids,
+            image_token_id=builder.vision.tokens.image,
+            merge_size=builder.vision.merge_size,
+        )
+    return trajectory
 
 
 async def _play(
@@ -182,13 +208,18 @@ async def _play(
         )
     episode.append(prompt, sampled=None)
     episode.prompt_len = len(prompt)
+    episode.add_images(messages, builder)
     session_id = f"{task.id}#{episode.sample_index}"
     for turn in range(config.max_turns):
         budget = config.max_response_len - episode.response_len
         turn_seed = None if seed is None else seed * 1009 + turn
         sampling = config.sampling(budget, turn_seed, builder.stop_token_ids)
+        if builder.banned_token_ids:
+            sampling = sampling.with_(banned_token_ids=builder.banned_token_ids)
         start, t0 = len(episode.token_ids), time.perf_counter()
-        completion = await _generate(engine, episode.token_ids, sampling, session_id)
+        completion = await _generate(
+            engine, episode.token_ids, sampling, session_id, episode.images
+        )
         episode.append(completion.token_ids, sampled=completion)
         text = builder.decode(completion.token_ids)
         action = Message("assistant", text, parser.parse(text))
@@ -200,6 +231,8 @@ async def _play(
         obs = _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
         obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
+        if stop is None and any(m.images for m in obs):
+            obs, obs_ids = _drop_images_to_fit(episode, obs, obs_ids, builder, completion, config)
         episode.turns.append(_turn(turn, start, completion, result, len(obs_ids), t0, t1))
         episode.count_tool_errors(result)
         if stop is not None:
@@ -211,6 +244,7 @@ async def _play(
             )
         episode.messages.extend(obs)
         episode.append(obs_ids, sampled=None)
+        episode.add_images(obs, builder)
     raise _Stop(StopReason.MAX_TURNS)
 
 
@@ -228,10 +262,17 @@ def _stop_reason(
 
 
 async def _generate(
-    engine: Engine, ids: list[int], sampling: SamplingParams, session_id: str
+    engine: Engine, ids: list[int], sampling: SamplingParams, session_id: str, images: list[Any]
 ) -> Completion:
+    if images and not getattr(engine, "supports_images", False):
+        raise _Stop(
+            StopReason.ENGINE_ERROR,
+            f"the episode has {len(images)} images but {type(engine).__name__} does not take "
+            "images; use an engine with supports_images (HFEngine with a VLM)",
+        )
+    extra = {"images": tuple(images)} if images else {}  # text-only engines never see the kwarg
     try:
-        completion = await engine.generate(ids, sampling, session_id=session_id)
+        completion = await engine.generate(ids, sampling, session_id=session_id, **extra)
     except Exception as exc:  # any engine failure is this episode's data, not the batch's crash
         raise _Stop(StopReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}") from exc
     if not completion.token_ids:
@@ -259,9 +300,33 @@ def _fit_observation(
             content = truncate_to_tokens(
                 m.content, config.max_tool_output_tokens, builder.encode, builder.decode
             )
-            m = Message("tool", content, tool_call_id=m.tool_call_id, name=m.name)
+            m = replace(m, content=content)  # keeps the tool message's images
         out.append(m)
     return out
+
+
+def _drop_images_to_fit(
+    episode: _Episode,
+    obs: list[Message],
+    obs_ids: list[int],
+    builder: TokenBuilder,
+    completion: Completion,
+    config: RolloutConfig,
+) -> tuple[list[Message], list[int]]:
+    """Drop observation images, last first and whole, until the observation fits the response
+    budget. An image is never cut: its placeholder run is all there or not at all; a visible
+    note in the message text tells the model it was dropped."""
+    left = config.max_response_len - episode.response_len
+    obs = list(obs)
+    while len(obs_ids) >= left and any(m.images for m in obs):
+        k = max(i for i, m in enumerate(obs) if m.images)
+        m = obs[k]
+        w, h = m.images[-1].size
+        note = f"[image {w}x{h} dropped: the response budget has {left} tokens left]"
+        obs[k] = replace(m, images=m.images[:-1], content=f"{note}\n{m.content}".rstrip("\n"))
+        episode.metrics["images_dropped"] = episode.metrics.get("images_dropped", 0.0) + 1.0
+        obs_ids = builder.observation_ids(obs, completion.token_ids)
+    return obs, obs_ids
 
 
 def _turn(

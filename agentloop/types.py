@@ -62,13 +62,18 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class Message:
     """One chat message. Assistant messages keep the model's raw text in ``content`` (tool-call
-    markup included) and the parsed calls in ``tool_calls``; tool messages name their call."""
+    markup included) and the parsed calls in ``tool_calls``; tool messages name their call.
+
+    ``images`` (PIL images) are content parts shown *before* the text, in order: the template sees
+    ``content=[{"type": "image"}, ..., {"type": "text", "text": content}]`` (Qwen-VL's layout).
+    """
 
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in _ROLES:
@@ -81,11 +86,17 @@ class Message:
                 f"{self.content!r:.80}"
             )
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        object.__setattr__(self, "images", tuple(self.images))
 
     def to_template_dict(self) -> dict[str, Any]:
         """The dict a chat template renders. Assistant tool calls are already in ``content`` as
-        the model wrote them, so they are not passed again (a template would render them twice)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        the model wrote them, so they are not passed again (a template would render them twice).
+        A message with images gets list content: one image part per image, then the text."""
+        content: Any = self.content
+        if self.images:
+            content = [{"type": "image"} for _ in self.images]
+            content.append({"type": "text", "text": self.content})
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.role == "tool":
             if self.name is not None:
                 out["name"] = self.name
@@ -102,7 +113,9 @@ class Message:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Message:
-        """Build from an OpenAI-style dict (``tool_calls[].function.arguments`` may be a dict)."""
+        """Build from an OpenAI-style dict (``tool_calls[].function.arguments`` may be a dict).
+        List content is read as parts: text parts are joined, ``{"type": "image", "image": img}``
+        parts become ``images``."""
         calls = tuple(
             ToolCall(
                 name=c["function"]["name"],
@@ -111,12 +124,17 @@ class Message:
             )
             for c in data.get("tool_calls") or ()
         )
+        content, images = data.get("content") or "", ()
+        if isinstance(content, list):
+            images = tuple(p["image"] for p in content if p.get("type") == "image" and "image" in p)
+            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
         return cls(
             role=data["role"],
-            content=data.get("content") or "",
+            content=content,
             tool_calls=calls,
             tool_call_id=data.get("tool_call_id"),
             name=data.get("name"),
+            images=images,
         )
 
 
@@ -135,19 +153,30 @@ class Task:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """What an engine returns for one request: sampled ids, their logprobs, why it stopped."""
+    """What an engine returns for one request: sampled ids, their logprobs, why it stopped.
+
+    ``versions`` (engines whose weights change during training) gives, per sampled token, the
+    policy version of the weights that sampled it; empty when the engine does not track one.
+    A request interrupted by a weight update and resumed has two runs of versions."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(self.token_ids))
         object.__setattr__(self, "logprobs", tuple(self.logprobs))
+        object.__setattr__(self, "versions", tuple(self.versions))
         if len(self.token_ids) != len(self.logprobs):
             raise TrajectoryError(
                 f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} "
                 "logprobs; an engine must return one logprob per sampled token"
+            )
+        if self.versions and len(self.versions) != len(self.token_ids):
+            raise TrajectoryError(
+                f"completion has {len(self.token_ids)} token ids but {len(self.versions)} "
+                "policy versions; give one version per sampled token, or none"
             )
 
 
@@ -197,6 +226,12 @@ class Trajectory:
     engine sampled (``loss_mask`` 1, the engine's logprobs) and the observation's template suffix
     (``loss_mask`` 0, logprob 0.0). ``len(token_ids) == len(loss_mask) == len(logprobs)`` always.
     A failed episode is still a Trajectory: ``stop_reason.is_error`` and ``error`` say why.
+
+    ``images`` are the PIL images the token ids show, in order; ``image_grids`` gives each one's
+    patch grid ``(t, h, w)`` (what a VLM needs beside the pixels; see ``agentloop.vision``).
+
+    ``versions`` holds, per token, the policy version that sampled it (-1 for tokens not
+    sampled: prompt and observations); empty when the engine reports no versions.
     """
 
     task_id: str
@@ -212,16 +247,31 @@ class Trajectory:
     error: str | None = None
     sample_index: int = 0
     images: tuple[Any, ...] = ()
+    image_grids: tuple[tuple[int, int, int], ...] = ()
+    versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("token_ids", "loss_mask", "logprobs", "turns", "messages", "images"):
+        for name in ("token_ids", "loss_mask", "logprobs", "turns", "messages", "images",
+                     "versions"):  # fmt: skip
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        grids = tuple(tuple(int(v) for v in g) for g in self.image_grids)
+        object.__setattr__(self, "image_grids", grids)
+        if grids and (len(grids) != len(self.images) or any(len(g) != 3 for g in grids)):
+            raise TrajectoryError(
+                f"trajectory {self.task_id!r}: {len(grids)} image grids for {len(self.images)} "
+                "images; give one (t, h, w) grid per image, or none"
+            )
         object.__setattr__(self, "metrics", _freeze(self.metrics))
         n, m, k = len(self.token_ids), len(self.loss_mask), len(self.logprobs)
         if not n == m == k:
             raise TrajectoryError(
                 f"trajectory {self.task_id!r}: token_ids ({n}), loss_mask ({m}) and logprobs ({k}) "
                 "must have the same length"
+            )
+        if self.versions and len(self.versions) != n:
+            raise TrajectoryError(
+                f"trajectory {self.task_id!r}: {len(self.versions)} policy versions for {n} "
+                "tokens; give one per token (-1 where not sampled), or none"
             )
         if not 0 <= self.prompt_len <= n:
             raise TrajectoryError(
@@ -246,6 +296,13 @@ class Trajectory:
     @property
     def failed(self) -> bool:
         return self.stop_reason.is_error
+
+    @property
+    def trained_versions(self) -> tuple[int, ...]:
+        """The policy versions of the trained (``loss_mask`` 1) tokens; empty when unknown."""
+        if not self.versions:
+            return ()
+        return tuple(v for v, m in zip(self.versions, self.loss_mask, strict=True) if m)
 
 
 @dataclass(frozen=True)

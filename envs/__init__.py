@@ -4,7 +4,15 @@ from agentloop.envs.base import Env, StepResult
 from agentloop.envs.calc import CalcEnv, calc_reward, make_calc_task
 from agentloop.envs.gym_adapter import GymnasiumEnv
 from agentloop.envs.registry import EnvSpec, make, register, registered, spec
-from agentloop.envs.rewards import Reward, RewardFn, extract_boxed, math_equal
+from agentloop.envs.rewards import (
+    Reward,
+    RewardFn,
+    exact_match,
+    extract_boxed,
+    f1_score,
+    math_equal,
+    normalize_answer,
+)
 from agentloop.envs.tool_env import ToolEnv
 
 __all__ = [
@@ -17,10 +25,13 @@ __all__ = [
     "StepResult",
     "ToolEnv",
     "calc_reward",
+    "exact_match",
     "extract_boxed",
+    "f1_score",
     "make",
     "make_calc_task",
     "math_equal",
+    "normalize_answer",
     "register",
     "registered",
     "spec",
@@ -29,5 +40,16 @@ __all__ = [
 register(
     "agentloop/Calc-v0",
     CalcEnv,
-    description="Multi-digit arithmetic word problems; python tool; boxed-answer reward.",
+    description="Multi-digit arithmetic word problems; sandboxed python tool; boxed-answer reward.",
+)
+# By "module:attr": their tools (search index, pillow) load only when the env is made.
+register(
+    "agentloop/SearchQA-v0",
+    "agentloop.envs.search_qa:SearchQAEnv",
+    description="Multi-hop questions over a synthetic corpus; search tool; exact-match reward.",
+)
+register(
+    "agentloop/ZoomVQA-v0",
+    "agentloop.envs.zoom_vqa:ZoomVQAEnv",
+    description="A small detail on a large synthetic image; image_zoom_in tool; exact answer.",
 )

@@ -1,15 +1,26 @@
-"""Rule-based rewards: boxed-answer extraction and a numeric math verifier."""
+"""Rule-based rewards: boxed-answer extraction, a numeric math verifier, QA exact match and F1."""
 
 from __future__ import annotations
 
 import re
+import string
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from agentloop.types import Message, Task
 
-__all__ = ["Reward", "RewardFn", "extract_boxed", "last_assistant_text", "math_equal"]
+__all__ = [
+    "Reward",
+    "RewardFn",
+    "exact_match",
+    "extract_boxed",
+    "f1_score",
+    "last_assistant_text",
+    "math_equal",
+    "normalize_answer",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +81,37 @@ def math_equal(predicted: str | None, gold: str | int | float) -> bool:
 def last_assistant_text(messages: Sequence[Message]) -> str:
     """The text of the last assistant message, or ``""``."""
     return next((m.content for m in reversed(messages) if m.role == "assistant"), "")
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalization: lower case, no punctuation, no articles, single spaces."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def exact_match(predicted: str | None, golds: str | Sequence[str]) -> bool:
+    """True when ``predicted`` equals one of ``golds`` after :func:`normalize_answer`."""
+    if predicted is None:
+        return False
+    golds = [golds] if isinstance(golds, str) else golds
+    return any(normalize_answer(predicted) == normalize_answer(g) for g in golds)
+
+
+def f1_score(predicted: str | None, golds: str | Sequence[str]) -> float:
+    """SQuAD token F1 of ``predicted`` against the best-matching gold answer."""
+    if predicted is None:
+        return 0.0
+    pred = normalize_answer(predicted).split()
+    best = 0.0
+    for gold in [golds] if isinstance(golds, str) else golds:
+        ref = normalize_answer(gold).split()
+        common = sum((Counter(pred) & Counter(ref)).values())
+        if common:
+            p, r = common / len(pred), common / len(ref)
+            best = max(best, 2 * p * r / (p + r))
+        elif not pred and not ref:
+            best = 1.0
+    return best

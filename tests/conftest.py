@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,19 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_vllm_left_behind() -> Iterator[None]:
+    """Fail the session if a vLLM process it started outlives it (orphans included)."""
+    import psutil
+
+    from agentloop.testing.processes import vllm_processes
+
+    started = time.time()
+    yield
+    _, alive = psutil.wait_procs(vllm_processes(since=started), timeout=15)
+    assert not alive, f"the test session left vLLM processes running: {alive}"
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def test_check_env_passes_for_calc() -> None:
 
 
 def test_gymnasium_episode_with_a_tool_call() -> None:
-    env = gymnasium.make("agentloop/Calc-v0")
+    env = gymnasium.make("agentloop/Calc-v0", sandbox="fake")
     obs, info = env.reset(seed=3)
     task = make_calc_task("train", 3)
     assert task.data["prompt"] in obs and info["task_id"] == task.id
@@ -96,12 +96,15 @@ def test_tool_env_contract_errors() -> None:
 
 def test_step_runs_parsed_tool_calls() -> None:
     async def go() -> None:
-        env = CalcEnv()
+        env = CalcEnv(sandbox="fake")
         await env.reset(seed=0)
-        action = Message("assistant", "...", (ToolCall("python", {"code": "6 * 7"}, id="c0"),))
+        code = {"code": "x = 6 * 7\nprint(x)"}
+        action = Message("assistant", "...", (ToolCall("python", code, id="c0"),))
         result = await env.step(action)
         assert [m.content for m in result.observation] == ["42"]
         assert result.observation[0].tool_call_id == "c0"
+        state = Message("assistant", "", (ToolCall("python", {"code": "print(x + 1)"}, id="c1"),))
+        assert (await env.step(state)).observation[0].content == "43"  # one session per episode
         await env.close()
 
     asyncio.run(go())

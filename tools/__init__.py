@@ -10,7 +10,7 @@ from agentloop.tools.parsers import (
     register_parser,
 )
 from agentloop.tools.tool import Tool, tool
-from agentloop.tools.toolset import ToolErrorKind, ToolResult, ToolSession, Toolset
+from agentloop.tools.toolset import ToolErrorKind, ToolOutput, ToolResult, ToolSession, Toolset
 from agentloop.tools.truncate import truncate_to_tokens
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ToolCallParser",
     "ToolContext",
     "ToolErrorKind",
+    "ToolOutput",
     "ToolResult",
     "ToolSession",
     "Toolset",

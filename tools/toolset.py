@@ -18,7 +18,7 @@ from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded, call_with_
 from agentloop.tools.tool import Tool
 from agentloop.types import Message, ToolCall
 
-__all__ = ["ToolErrorKind", "ToolResult", "ToolSession", "Toolset"]
+__all__ = ["ToolErrorKind", "ToolOutput", "ToolResult", "ToolSession", "Toolset"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,18 @@ class ToolErrorKind(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool returns to show the model images (PIL), with optional text. A tool may also
+    return a bare PIL image. The images become the ``tool`` message's image parts."""
+
+    text: str = ""
+    images: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "images", tuple(self.images))
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResult:
     """The outcome of one call, in call order. Errors are data: ``content`` starts with
     ``Error:`` and says what went wrong, so the model can read it and fix its next call."""
@@ -42,6 +54,7 @@ class ToolResult:
     content: str
     error_kind: ToolErrorKind | None = None
     latency_s: float = 0.0
+    images: tuple[Any, ...] = ()
 
     @property
     def is_error(self) -> bool:
@@ -54,6 +67,7 @@ class ToolResult:
             content=self.content,
             name=self.call.name or None,
             tool_call_id=self.call.id,
+            images=self.images,
         )
 
 
@@ -163,11 +177,13 @@ class ToolSession:
     async def _run(self, call: ToolCall, parallel: asyncio.Semaphore) -> ToolResult:
         start = time.perf_counter()
         content, kind = await self._execute(call, parallel)
+        if isinstance(content, ToolOutput):
+            return ToolResult(call, content.text, kind, time.perf_counter() - start, content.images)
         return ToolResult(call, content, kind, time.perf_counter() - start)
 
     async def _execute(
         self, call: ToolCall, parallel: asyncio.Semaphore
-    ) -> tuple[str, ToolErrorKind | None]:
+    ) -> tuple[str | ToolOutput, ToolErrorKind | None]:
         if call.parse_error is not None:
             return f"Error: invalid tool call: {call.parse_error}", ToolErrorKind.INVALID_JSON
         t = self.toolset._tools.get(call.name)
@@ -203,10 +219,13 @@ class ToolSession:
         return _render(t.name, value)
 
 
-def _render(name: str, value: Any) -> tuple[str, ToolErrorKind | None]:
-    """A tool's return value as observation text: str as-is, anything else as JSON."""
-    if isinstance(value, str):
+def _render(name: str, value: Any) -> tuple[str | ToolOutput, ToolErrorKind | None]:
+    """A tool's return value as observation text: str as-is, images as a ``ToolOutput``,
+    anything else as JSON."""
+    if isinstance(value, str | ToolOutput):
         return value, None
+    if hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image, without importing PIL
+        return ToolOutput("", (value,)), None
     try:
         return json.dumps(value, ensure_ascii=False), None
     except (TypeError, ValueError):

@@ -60,6 +60,7 @@ class ColocatedWorker:
         self.rank = 0
         self._owns_group = False
         self._pool = ThreadPoolExecutor(1, "agentloop-torch") if spec.threaded else None
+        self._push: Any = None  # rank 0's weight-push group (disaggregated placement)
 
     async def _torch(self, fn: Callable[..., R], *args: Any) -> R:
         if self._pool is None:
@@ -152,8 +153,12 @@ class ColocatedWorker:
         if self.engine is not None:
             await self.engine.wake_up(tags)
 
-    async def sync_weights(self) -> dict[str, float]:
-        """Gather the full weights (collective) and reload them into this worker's engine.
+    async def sync_weights(
+        self, version: int | None = None, interrupt: bool = False
+    ) -> dict[str, float]:
+        """Gather the full weights (collective) and reload them into this worker's engine as
+        policy ``version``; ``interrupt`` aborts running requests and resumes them on the new
+        weights (partial rollouts) instead of waiting for them.
 
         The gathered tensors (in the engine's dtype when the config names one) are held until
         the engine has loaded them: peak extra memory is one full copy of the weights."""
@@ -163,9 +168,45 @@ class ColocatedWorker:
         named = await self._torch(
             lambda: list(self._policy().state_dict_for_inference(dtype=dtype))
         )
-        stats = await self.engine.update_weights(named)
+        stats = await self.engine.update_weights(named, version=version, interrupt=interrupt)
         return {"sync/bytes": float(stats.num_bytes), "sync/tensors": float(stats.num_tensors),
                 "sync/engine_load_s": stats.load_s}  # fmt: skip
+
+    # ------------------------------------------------------------------ disaggregated push
+    def push_backend(self) -> str:
+        """The collective backend of this trainer's weight pushes: NCCL on a GPU, else gloo."""
+        return "nccl" if self._policy().device.type == "cuda" else "gloo"
+
+    async def join_push_group(
+        self, host: str, port: int, world_size: int, timeout_s: float
+    ) -> None:
+        """Host (as rank 0) a new push group with ``world_size - 1`` rollout workers (rank 0)."""
+        from agentloop.trainers.weight_push import open_push_group
+
+        backend = self.push_backend()
+        self._push = await self._torch(
+            lambda: open_push_group(host, port, 0, world_size, backend=backend, timeout_s=timeout_s)
+        )
+
+    async def push_weights(self, dtype: str = "auto") -> dict[str, float]:
+        """Gather the full weights (collective over the trainer ranks) in engine ``dtype``;
+        rank 0 broadcasts them to its push group, whose members receive at the same time."""
+        push = self._push
+        torch_dtype = _ENGINE_DTYPES.get(dtype)
+
+        def run() -> int:
+            named = self._policy().state_dict_for_inference(dtype=torch_dtype)
+            if self.rank != 0 or push is None:
+                for _ in named:  # every rank takes part in every gather
+                    pass
+                return 0
+            return push.send(named)
+
+        sent = await self._torch(run)
+        return {"sync/bytes": float(sent)} if self.rank == 0 else {}
+
+    def leave_push_group(self) -> None:
+        self._push = None
 
     # ------------------------------------------------------------------ training
     def _policy(self) -> PolicyWorker:

@@ -44,6 +44,8 @@ __all__ = [
 
 T = TypeVar("T")
 PLACEMENTS = ("local", "ray")
+MODES = ("sync", "one_step", "async")
+STALENESS_POLICIES = ("wait", "drop")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
@@ -147,7 +149,23 @@ class TrainerConfig:
     into ``mini_batches`` optimiser updates, repeated ``ppo_epochs`` times. ``placement``:
     ``local`` (one process, no Ray) or ``ray`` (``num_workers`` colocated FSDP2 + vLLM actors).
     ``val_every`` N > 0 validates every N steps and after the last one; 0 never (verl's
-    ``test_freq``); ``val_before_train`` adds one before the first step."""
+    ``test_freq``); ``val_before_train`` adds one before the first step.
+
+    ``mode`` (see ``trainers/rollouts.py``): ``sync`` generates a step's batch, trains on it and
+    pushes the weights; ``one_step`` generates step t+1's batch while step t trains; ``async``
+    streams finished groups from a rollout side into a buffer that the trainer takes batches
+    from. The policy version is the number of steps trained; every sampled token records the
+    version that sampled it. ``max_staleness`` bounds how many versions older than the trainer a
+    trained token may be (async: at most ``(max_staleness + 1) × prompts_per_step`` groups are
+    ever started and not yet trained); ``staleness_policy`` ``wait`` hands groups to the trainer
+    in the order they started (none can exceed the bound), ``drop`` in the order they finish,
+    dropping (and counting) any older than the bound. ``push_every`` K pushes the weights to the
+    engines every K steps (async modes). ``partial_rollouts`` lets a push interrupt running
+    generations and resume them on the new weights; off, a push waits for them to finish.
+    ``batch_timeout_s`` is the deadline for the trainer's wait for a batch. ``rollout_workers``
+    N > 0 (``placement=ray``) runs the engines in N separate rollout actors (disaggregated),
+    with the weights pushed from trainer rank 0 over a collective group (gloo on CPU, NCCL on
+    GPU); 0 colocates an engine with every trainer worker."""
 
     total_steps: int = 100
     prompts_per_step: int = 32
@@ -161,14 +179,28 @@ class TrainerConfig:
     seed: int = 0
     out_dir: str = "runs/grpo"
     sleep_engines: bool = True
+    mode: str = "sync"
+    max_staleness: int = 1
+    staleness_policy: str = "wait"
+    push_every: int = 1
+    partial_rollouts: bool = True
+    batch_timeout_s: float = 3600.0
+    rollout_workers: int = 0
 
     def __post_init__(self) -> None:
         positive = ("total_steps", "prompts_per_step", "mini_batches", "ppo_epochs", "val_n",
-                    "num_workers")  # fmt: skip
+                    "num_workers", "push_every")  # fmt: skip
         _check("trainer", self, [
             *((name, getattr(self, name) >= 1, "must be >= 1") for name in positive),
             ("val_every", self.val_every >= 0, "must be >= 0 (0 = never)"),
             ("placement", self.placement in PLACEMENTS, f"must be one of {PLACEMENTS}"),
+            ("mode", self.mode in MODES, f"must be one of {MODES}"),
+            ("max_staleness", self.max_staleness >= 0, "must be >= 0 (policy versions)"),
+            ("staleness_policy", self.staleness_policy in STALENESS_POLICIES,
+             f"must be one of {STALENESS_POLICIES}"),
+            ("batch_timeout_s", self.batch_timeout_s > 0, "must be > 0 (seconds)"),
+            ("rollout_workers", self.rollout_workers >= 0,
+             "must be >= 0 (0: engines colocated with the trainer workers)"),
         ])  # fmt: skip
 
 
@@ -177,17 +209,30 @@ class RayConfig:
     """Where Ray mode runs. ``address`` null starts a private local Ray (``num_cpus`` CPUs,
     default: all); ``auto`` or ``HOST:PORT`` joins a running cluster (multi-node). One placement
     bundle per worker: ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs (null: 1 when the
-    cluster has GPUs, else 0)."""
+    cluster has GPUs, else 0); rollout workers (``trainer.rollout_workers``) get
+    ``cpus_per_rollout_worker``/``gpus_per_rollout_worker``. A weight push that takes longer than
+    ``weight_push_timeout_s`` fails (a dead rollout worker is then restarted); a rollout worker
+    that is not serving again ``restart_timeout_s`` after it died stops the run."""
 
     address: str | None = None
     num_cpus: int | None = None
     cpus_per_worker: float = 1.0
     gpus_per_worker: float | None = None
     placement_strategy: str = "PACK"
+    cpus_per_rollout_worker: float = 1.0
+    gpus_per_rollout_worker: float | None = None
+    weight_push_timeout_s: float = 300.0
+    restart_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _check("ray", self, [
             ("cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+            ("cpus_per_rollout_worker", self.cpus_per_rollout_worker > 0, "must be > 0"),
+            ("gpus_per_rollout_worker",
+             self.gpus_per_rollout_worker is None or self.gpus_per_rollout_worker >= 0,
+             "must be >= 0, or null for auto"),
+            ("weight_push_timeout_s", self.weight_push_timeout_s > 0, "must be > 0 (seconds)"),
+            ("restart_timeout_s", self.restart_timeout_s > 0, "must be > 0 (seconds)"),
             ("gpus_per_worker", self.gpus_per_worker is None or self.gpus_per_worker >= 0,
              "must be >= 0, or null for auto"),
             ("placement_strategy", self.placement_strategy in _RAY_STRATEGIES,
@@ -272,11 +317,38 @@ class TrainConfig:
             (not a.dynamic_sampling or r.n >= 2,
              "algorithm.dynamic_sampling=true needs rollout.n >= 2 (it drops groups whose "
              f"samples all score the same), got n={r.n}"),
+            *self._mode_rules(),
         ]  # fmt: skip
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
         self._check_engine()
+
+    def _mode_rules(self) -> list[tuple[bool, str]]:
+        t, r = self.trainer, self.rollout
+        return [
+            (t.mode == "sync" or self.actor.tis_cap is not None,
+             f"trainer.mode={t.mode} trains on tokens sampled by older weights, and the "
+             "decoupled PPO objective corrects for that with the importance weight "
+             "min(π_old/π_behaviour, actor.tis_cap): set actor.tis_cap (e.g. 2.0)"),
+            (t.mode != "sync" or t.push_every == 1,
+             f"trainer.push_every={t.push_every} needs trainer.mode=one_step or async; sync "
+             "mode pushes the weights after every step"),
+            (t.mode != "async" or t.max_staleness >= t.push_every - 1,
+             f"trainer.max_staleness={t.max_staleness} < trainer.push_every - 1 = "
+             f"{t.push_every - 1}: the engines would fall further behind than the bound allows "
+             "and the rollout side could never start a group; raise max_staleness or lower "
+             "push_every"),
+            (t.mode != "one_step" or t.push_every == 1,
+             "trainer.mode=one_step pushes the weights after every step; leave push_every at 1 "
+             "or use trainer.mode=async"),
+            (t.mode == "sync" or r.replay is None,
+             f"rollout.replay trains on saved batches, which needs trainer.mode=sync, not "
+             f"{t.mode}"),
+            (t.rollout_workers == 0 or t.placement == "ray",
+             f"trainer.rollout_workers={t.rollout_workers} needs trainer.placement=ray (separate "
+             "rollout actors); local placement colocates the one engine"),
+        ]  # fmt: skip
 
     def _check_engine(self) -> None:
         from agentloop.engines.vllm import VLLMConfig

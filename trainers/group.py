@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -23,7 +23,12 @@ from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
 from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.packing import TrainSeq, dp_partition
 
+if TYPE_CHECKING:
+    from agentloop.trainers.disagg import RolloutPool
+
 __all__ = ["WorkerGroup", "open_worker_group", "shard_indices"]
+
+R = TypeVar("R")
 
 # calls `method(*args)` on every rank, one args tuple per rank; returns the results in rank order
 CallAll = Callable[[str, Sequence[tuple[Any, ...]]], Awaitable[list[Any]]]
@@ -51,11 +56,13 @@ class WorkerGroup:
         info: Sequence[dict[str, Any]] = (),
         *,
         owns_engines: bool = True,
+        pool: RolloutPool | None = None,
     ) -> None:
         self._call_all = call_all
         self.world_size = world_size
         self.engine = engine
         self.info = list(info)
+        self.pool = pool  # disaggregated placement: the rollout workers (else engines colocate)
         # the workers' own vLLM engines (weights to sync, memory to free), not an outside engine
         self.owns_engines = owns_engines and engine is not None
 
@@ -83,16 +90,32 @@ class WorkerGroup:
         metrics: dict[str, float] = results[0]
         return metrics
 
-    async def sync_weights(self) -> dict[str, float]:
-        """Reload the policy's current weights into every engine."""
-        stats: list[dict[str, float]] = await self._broadcast("sync_weights")
+    async def sync_weights(
+        self, version: int | None = None, *, interrupt: bool = False
+    ) -> dict[str, float]:
+        """Reload the policy's current weights into every engine as policy ``version``
+        (``interrupt``: running requests resume on the new weights instead of being waited
+        for; see :meth:`VLLMEngine.update_weights`). Disaggregated: pushed from trainer rank 0
+        to the rollout workers."""
+        if self.pool is not None:
+            return await self.pool.push(version or 0, interrupt=interrupt)
+        stats: list[dict[str, float]] = await self._broadcast("sync_weights", version, interrupt)
         return stats[0]
 
+    async def serve(self, work: Awaitable[R], version: int) -> R:
+        """Await ``work`` (the trainer waiting for rollouts); disaggregated, a restarted rollout
+        worker gets the trainer's weights (policy ``version``) meanwhile."""
+        if self.pool is None:
+            return await work
+        return await self.pool.serve(work, version)
+
     async def sleep_engines(self) -> None:
-        await self._broadcast("sleep_engine")
+        if self.pool is None:  # separate rollout workers have nothing to free for the trainer
+            await self._broadcast("sleep_engine")
 
     async def wake_engines(self, tags: list[str] | None = None) -> None:
-        await self._broadcast("wake_engine", tags)
+        if self.pool is None:
+            await self._broadcast("wake_engine", tags)
 
     async def save_checkpoint(
         self, root: Path, *, step: int, extra: dict[str, Any], keep_last: int | None
@@ -132,7 +155,8 @@ async def open_worker_group(
         async with open_ray_group(cfg, worker_spec(cfg, model_dir, threaded=True)) as group:
             yield group
         return
-    spec = worker_spec(cfg, model_dir, threaded=False)
+    # async modes overlap rollouts with training: torch work must leave the event loop free
+    spec = worker_spec(cfg, model_dir, threaded=cfg.trainer.mode != "sync")
     if engine is not None:
         spec = dataclasses.replace(spec, engine=None)
     worker = ColocatedWorker(spec)

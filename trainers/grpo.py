@@ -4,13 +4,19 @@ One step: sample prompts → collect groups with the rollout loop that ``agentlo
 shape rewards (overlong) and, with DAPO dynamic sampling, keep only informative groups → old
 (and reference) logprobs → advantages → mini-batch updates × epochs → sync the new weights into
 the engines → log → validate (``eval_async`` on the live engines) → checkpoint.
+
+``trainer.mode`` only changes where the batch comes from (``trainers/rollouts.py``): generated
+in the step (sync), one step ahead, or streamed by a rollout side running beside the trainer
+(async); the training half of the step is the same code. The policy version is the number of
+steps trained: pushing step s's weights makes the engines version s, and every sampled token
+records its version (off-policy tokens are corrected with the decoupled-PPO weight
+``min(π_old/π_behaviour, actor.tis_cap)``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import logging
 import random
@@ -23,7 +29,6 @@ from typing import Any
 import torch
 
 from agentloop.chat import TokenBuilder
-from agentloop.collect import collect
 from agentloop.engines.base import Engine
 from agentloop.envs import make
 from agentloop.trainers.advantages import (
@@ -39,11 +44,17 @@ from agentloop.trainers.config import (
     config_to_yaml,
     resolve_model_path,
 )
-from agentloop.trainers.dapo import accumulate_groups, apply_overlong_penalty
-from agentloop.trainers.data import PromptSampler, read_step_groups, write_step_groups
+from agentloop.trainers.data import PromptSampler, write_step_groups
 from agentloop.trainers.group import WorkerGroup, open_worker_group
 from agentloop.trainers.metrics import MetricsLogger, PhaseTimer, mismatch_metrics, rollout_metrics
 from agentloop.trainers.packing import TrainSeq, train_seqs
+from agentloop.trainers.rollouts import (
+    BatchSource,
+    BusyMeter,
+    GenContext,
+    make_source,
+    version_metrics,
+)
 from agentloop.types import Trajectory, TrajectoryGroup
 
 __all__ = ["StepInfo", "TrainResult", "batch_advantages", "train", "train_async"]
@@ -85,6 +96,12 @@ class _Run:
     builder: TokenBuilder
     sampler: PromptSampler
     group: WorkerGroup
+    engine: BusyMeter | None = None  # the group's engine, with its busy time measured
+    source: BatchSource | None = None
+
+    def batches(self) -> BatchSource:
+        assert self.source is not None
+        return self.source
 
 
 def train(cfg: TrainConfig, *, on_step: StepHook | None = None) -> TrainResult:
@@ -110,14 +127,18 @@ async def train_async(
     builder = TokenBuilder(AutoTokenizer.from_pretrained(model_dir), tools=env.tool_schemas)
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with open_worker_group(cfg, model_dir, engine=engine) as group:
-        run = _Run(cfg, out, model_dir, builder, sampler, group)
-        start = await _restore(run)
+        meter = BusyMeter(group.engine) if group.engine is not None else None
+        run = _Run(cfg, out, model_dir, builder, sampler, group, meter)
+        start, extra = await _restore(run)
+        run.source = make_source(GenContext(cfg, meter, builder, sampler), start=start,
+                                 state=extra.get("rollout_buffer"))  # fmt: skip
         logger = MetricsLogger(cfg.logging, out, total_steps=cfg.trainer.total_steps,
                                start_step=start, run_config=dataclasses.asdict(cfg))  # fmt: skip
         try:
             return await _loop(run, logger, start, on_step)
         finally:
             logger.close()
+            await run.batches().aclose()
 
 
 async def _loop(
@@ -131,6 +152,7 @@ async def _loop(
     checkpoint: Path | None = None
     for step in range(start + 1, total + 1):
         timer = PhaseTimer()
+        busy0 = run.engine.busy_s() if run.engine is not None else 0.0
         metrics, groups = await _step(run, step, timer)
         last = step == total
         val_every = cfg.trainer.val_every
@@ -141,6 +163,7 @@ async def _loop(
             with timer("save_checkpoint"):
                 checkpoint = await _save(run, step)
         metrics.update(timer.metrics())
+        metrics.update(_idle_metrics(metrics, run.engine.busy_s() - busy0 if run.engine else 0.0))
         metrics["perf/tokens_per_s"] = metrics.get("perf/tokens", 0.0) / metrics["timing_s/step"]
         if metrics.get("timing_s/gen", 0.0) > 0 and "perf/sampled_tokens" in metrics:
             metrics["perf/gen_tokens_per_s"] = (
@@ -161,22 +184,37 @@ def _every(n: int, step: int) -> bool:
     return n > 0 and step % n == 0
 
 
+_TRAINER_PHASES = ("old_log_prob", "ref", "adv", "update_actor", "sync_weights")
+
+
+def _idle_metrics(metrics: Mapping[str, float], rollout_busy_s: float) -> dict[str, float]:
+    """Shares of the step's wall time the trainer computed nothing, and no generation request
+    was in flight (the rollout side was idle)."""
+    wall = metrics["timing_s/step"]
+    busy = sum(metrics.get(f"timing_s/{p}", 0.0) for p in _TRAINER_PHASES)
+    return {"perf/trainer_idle_frac": max(0.0, 1.0 - busy / wall),
+            "perf/rollout_idle_frac": max(0.0, 1.0 - rollout_busy_s / wall)}  # fmt: skip
+
+
 async def _step(
     run: _Run, step: int, timer: PhaseTimer
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """One RL step: rollouts → logprobs → advantages → updates → weight sync."""
     cfg, group = run.cfg, run.group
-    sleep = cfg.trainer.sleep_engines and group.owns_engines
+    # async modes keep generating while the trainer works: the engines never sleep
+    sleep = cfg.trainer.sleep_engines and group.owns_engines and cfg.trainer.mode == "sync"
     with timer("gen"):
-        groups, metrics = await _generate(run, step)
+        groups, metrics = await group.serve(run.batches().next_batch(step), version=step - 1)
     if cfg.rollout.save_trajectories:
         write_step_groups(run.out / "trajectories", step, groups, cfg.data.env)
     metrics.update(rollout_metrics(groups))
+    metrics.update(version_metrics(groups, step - 1))
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
     keep = [i for i, t in enumerate(trajs) if t.num_trained_tokens > 0]
     if not keep:
         log.warning("step %d: no trajectory has a trained token; skipping the update", step)
+        metrics.update(await _push(run, step, timer))
         return {**metrics, "actor/updates": 0.0}, groups
     if sleep:
         await group.sleep_engines()
@@ -203,55 +241,25 @@ async def _step(
     metrics["perf/tokens"] = float(sum(len(s) for s in seqs))
     if sleep:
         await group.wake_engines(["weights"])
-    if group.owns_engines:
-        with timer("sync_weights"):
-            metrics.update(await group.sync_weights())
+    metrics.update(await _push(run, step, timer))
     if sleep:
         await group.wake_engines(["kv_cache"])
     return metrics, groups
 
 
-async def _generate(run: _Run, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """This step's groups: replayed from disk, or collected (and, with DAPO dynamic sampling,
-    collected again until ``prompts_per_step`` groups have non-constant rewards)."""
-    cfg, alg = run.cfg, run.cfg.algorithm
-    if cfg.rollout.replay is not None:
-        return read_step_groups(cfg.rollout.replay, step), {"rollout/gen_rounds": 0.0}
-    assert run.group.engine is not None
-    buffer: list[TrajectoryGroup] = []
-    dropped, sampled_tokens, rounds = 0, 0, 0
-    while True:
-        rounds += 1
-        tasks = run.sampler.next_batch(cfg.trainer.prompts_per_step)
-        groups = await collect(
-            tasks, cfg.data.env, run.group.engine, run.builder, config=cfg.rollout.base(),
-            group_size=cfg.rollout.n, concurrency=cfg.rollout.concurrency,
-            seed=_round_seed(cfg.trainer.seed, step, rounds), env_kwargs=cfg.data.env_kwargs,
-        )  # fmt: skip
-        sampled_tokens += sum(t.num_trained_tokens for g in groups for t in g.trajectories)
-        if alg.overlong_buffer:
-            groups = apply_overlong_penalty(
-                groups, max_response_len=cfg.rollout.max_response_len,
-                overlong_buffer=alg.overlong_buffer, penalty_factor=alg.overlong_penalty_factor,
-            )  # fmt: skip
-        if not alg.dynamic_sampling:
-            batch: list[TrajectoryGroup] | None = groups
-        else:
-            batch, buffer, stats = accumulate_groups(
-                buffer, groups, target_groups=cfg.trainer.prompts_per_step, rounds=rounds,
-                max_rounds=alg.max_sampling_rounds, metric=alg.filter_metric,
-            )  # fmt: skip
-            dropped += stats.dropped_groups
-        if batch is not None:
-            return batch, {"rollout/gen_rounds": float(rounds),
-                           "rollout/dropped_groups": float(dropped),
-                           "perf/sampled_tokens": float(sampled_tokens)}  # fmt: skip
-
-
-def _round_seed(seed: int, step: int, round_: int) -> int:
-    """A stable sampling seed per (run seed, step, generation round)."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{round_}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+async def _push(run: _Run, step: int, timer: PhaseTimer) -> dict[str, float]:
+    """Make the engines policy version ``step`` (every ``push_every`` steps, and after the
+    last); an outside engine has no weights to push, and follows the trainer's version."""
+    t, group = run.cfg.trainer, run.group
+    if not (_every(t.push_every, step) or step == t.total_steps):
+        return {}
+    metrics: dict[str, float] = {}
+    if group.owns_engines:
+        interrupt = t.mode != "sync" and t.partial_rollouts
+        with timer("sync_weights"):
+            metrics = await group.sync_weights(step, interrupt=interrupt)
+    run.batches().pushed(step)
+    return metrics
 
 
 def batch_advantages(
@@ -328,8 +336,8 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
         seed=cfg.trainer.seed, concurrency=cfg.rollout.concurrency, rollout=cfg.rollout.base(),
         env_kwargs=cfg.data.env_kwargs,
     )  # fmt: skip
-    assert run.group.engine is not None
-    s = await eval_async(ecfg, engine=run.group.engine, progress=False)
+    assert run.engine is not None
+    s = await eval_async(ecfg, engine=run.engine, progress=False)
     metrics = {
         "val/reward_mean": s.reward.mean,
         "val/turns_mean": s.mean_turns,
@@ -348,27 +356,30 @@ def _rng_state() -> dict[str, Any]:
 
 
 async def _save(run: _Run, step: int) -> Path:
-    extra = {"trainer_step": step, "sampler": run.sampler.state_dict(), "rng": _rng_state()}
+    extra = {"trainer_step": step, **run.batches().state_dict(), "rng": _rng_state()}
     return await run.group.save_checkpoint(
         run.out / "checkpoints", step=step, extra=extra, keep_last=run.cfg.checkpoint.keep_last
     )
 
 
-async def _restore(run: _Run) -> int:
-    """Load the checkpoint ``checkpoint.resume`` selects; return the step it ended (0: none).
-    The engines get the restored weights before the first rollout."""
+async def _restore(run: _Run) -> tuple[int, dict[str, Any]]:
+    """Load the checkpoint ``checkpoint.resume`` selects; return the step it ended (0: none) and
+    its ``extra``. The engines get the restored weights (that version) before the first rollout."""
     resume = run.cfg.checkpoint.resume
     if resume == "never":
-        return 0
+        return 0, {}
     path = latest_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
     if path is None:
-        return 0
+        return 0, {}
     extra = await run.group.load_checkpoint(path)
     run.sampler.load_state_dict(extra["sampler"])
     random.setstate(extra["rng"]["python"])
     torch.set_rng_state(extra["rng"]["torch"])
-    if run.group.owns_engines:
-        await run.group.sync_weights()
     step = int(extra["trainer_step"])
-    print(f"resumed from {path} (step {step})", flush=True)
-    return step
+    if run.group.owns_engines:
+        await run.group.sync_weights(step)
+    buffered = extra.get("rollout_buffer") or {}
+    print(f"resumed from {path} (step {step}; {len(buffered.get('groups', ()))} unconsumed "
+          f"groups kept, {len(buffered.get('tasks', ()))} running tasks to replay)",
+          flush=True)  # fmt: skip
+    return step, extra

@@ -1,5 +1,8 @@
 """Ray placement: one bundle per device, one colocated FSDP2 + vLLM actor per bundle, a router.
 
+With ``trainer.rollout_workers`` N > 0 the placement is disaggregated: the trainer actors hold no
+engine, and N rollout actors (``trainers/disagg.py``), one bundle each, serve the rollouts.
+
 Joins the cluster ``ray.address`` names (``auto`` for a running one, which is how multi-node
 runs start) or starts a private local Ray, and shuts down only what it started: its actors, its
 placement group and, if it started Ray, its Ray instance (never ``ray stop``).
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -55,22 +59,32 @@ def _start_ray(cfg: TrainConfig) -> bool:
     return True
 
 
+def _bundle(cpus: float, gpus: float | None) -> dict[str, float]:
+    import ray
+
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
 async def _placement_group(cfg: TrainConfig) -> Any:
+    """Bundles ``0 .. num_workers-1`` for the trainers, then one per rollout worker."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    gpus = cfg.ray.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    bundle = {"CPU": cfg.ray.cpus_per_worker, **({"GPU": gpus} if gpus else {})}
+    bundle = _bundle(cfg.ray.cpus_per_worker, cfg.ray.gpus_per_worker)
+    rollout = _bundle(cfg.ray.cpus_per_rollout_worker, cfg.ray.gpus_per_rollout_worker)
     n = cfg.trainer.num_workers
-    pg = placement_group([dict(bundle) for _ in range(n)], strategy=cfg.ray.placement_strategy)
+    bundles = [dict(bundle) for _ in range(n)]
+    bundles += [dict(rollout) for _ in range(cfg.trainer.rollout_workers)]
+    pg = placement_group(bundles, strategy=cfg.ray.placement_strategy)
     try:
         await asyncio.wait_for(pg.ready(), _PLACEMENT_TIMEOUT_S)
     except TimeoutError:
         remove_placement_group(pg)
         raise ConfigError(
-            f"Ray could not place {n} workers of {bundle} ({cfg.ray.placement_strategy}) in "
+            f"Ray could not place {n} workers of {bundle} and {cfg.trainer.rollout_workers} "
+            f"rollout workers of {rollout} ({cfg.ray.placement_strategy}) in "
             f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.cluster_resources()}: lower "
             "trainer.num_workers or ray.cpus_per_worker/gpus_per_worker, or add nodes"
         ) from None
@@ -87,6 +101,11 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
     started = _start_ray(cfg)
     pg: Any = None
     actors: list[Any] = []
+    pool: Any = None
+    disaggregated = cfg.trainer.rollout_workers > 0 and spec.engine is not None
+    engine_settings = spec.engine
+    if disaggregated:
+        spec = dataclasses.replace(spec, engine=None)
     try:
         pg, bundle = await _placement_group(cfg)
         remote_cls = ray.remote(ColocatedWorker)
@@ -107,11 +126,51 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
             refs = [getattr(a, method).remote(*x) for a, x in zip(actors, args, strict=True)]
             return list(await asyncio.gather(*refs))
 
-        engine = ReplicatedEngine([RayEngineClient(a) for a in actors]) if spec.engine else None
+        engine: Any = (
+            ReplicatedEngine([RayEngineClient(a) for a in actors]) if spec.engine else None
+        )
+        if disaggregated:
+            assert engine_settings is not None
+            pool = engine = await _rollout_pool(cfg, pg, actors, spec.model_dir, engine_settings)
         log.info("ray workers: %s", info)
-        yield WorkerGroup(call_all, n, engine, info)
+        yield WorkerGroup(call_all, n, engine, info, pool=pool)
     finally:
+        if pool is not None:
+            await pool.close()
         await _teardown(actors, pg, started)
+
+
+async def _rollout_pool(
+    cfg: TrainConfig, pg: Any, trainers: list[Any], model_dir: str, settings: dict[str, Any]
+) -> Any:
+    """The rollout workers of a disaggregated run (bundles after the trainers'), started."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from agentloop.trainers.disagg import RolloutPool, RolloutWorker
+
+    remote_cls = ray.remote(RolloutWorker)
+    bundle = _bundle(cfg.ray.cpus_per_rollout_worker, cfg.ray.gpus_per_rollout_worker)
+
+    def make_actor(i: int) -> Any:
+        strategy = PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=cfg.trainer.num_workers + i
+        )
+        return remote_cls.options(
+            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
+            max_concurrency=1024,
+        ).remote(model_dir, settings)  # fmt: skip
+
+    pool = RolloutPool(
+        make_actor, cfg.trainer.rollout_workers, trainers, dtype=str(settings.get("dtype", "auto")),
+        restart_timeout_s=cfg.ray.restart_timeout_s, push_timeout_s=cfg.ray.weight_push_timeout_s,
+    )  # fmt: skip
+    try:
+        await pool.start()
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
 
 
 async def _teardown(actors: list[Any], pg: Any, started: bool) -> None:

@@ -323,6 +323,37 @@ class PolicyWorker:
         )
         return out
 
+    def sft_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+        """One optimiser step of supervised fine-tuning on this rank's share of a batch: the mean
+        negative log-likelihood over the global loss tokens (``loss_mask``; token-mean at
+        temperature 1, so it does not depend on packing, micro-batch or DP size). Other
+        ``TrainSeq`` fields are ignored. Metrics: ``loss`` (that NLL, before the step),
+        ``grad_norm``, ``step_skipped``, ``lr``, ``tokens``, ``seqs``, ``micro_batches``."""
+        self.model.train()
+        batches = self._micro_batches(seqs)
+        tokens, num_seqs = all_reduce_sum([float(c) for c in loss_counts(batches)])
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.zero_grad(set_to_none=True)
+        nll = torch.zeros((), dtype=torch.float64, device=self.device)
+        for mb in batches:
+            mb = mb.to(self.device)
+            lp = token_logprobs(self.model, mb).logprobs
+            loss = agg_loss(-lp, mb.loss_mask, "token-mean", global_token_count=tokens)
+            loss.backward()
+            nll += loss.detach().double()
+        grad_norm = self._clip_and_step()
+        self.scheduler.step()
+        self.step += 1
+        return dict(
+            loss=all_reduce_sum([float(nll)])[0],
+            grad_norm=grad_norm,
+            step_skipped=float(not math.isfinite(grad_norm)),
+            lr=lr,
+            tokens=tokens,
+            seqs=num_seqs,
+            micro_batches=float(len(batches)),
+        )
+
     def _loss(
         self, mb: MicroBatch, tokens: float, num_seqs: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -386,11 +417,18 @@ class PolicyWorker:
         Collective: every rank iterates to the end (each tensor is all-gathered from its shards
         when reached), so peak extra memory is one full tensor. Names are the HF checkpoint
         names (transformers' load-time renamings reverted), as vLLM's
-        ``reload_weights(is_checkpoint_format=True)`` expects; tied weights appear under both
-        names, as in ``state_dict()``. ``dtype``/``device`` convert each tensor (e.g. bf16 for
-        the engine, ``"cpu"`` to hand it across processes).
+        ``reload_weights(is_checkpoint_format=True)`` expects; a tied weight appears once, under
+        its first name, as in a saved checkpoint (``lm_head.weight`` is not in a checkpoint whose
+        embeddings are tied). ``dtype``/``device`` convert each tensor (e.g. bf16 for the engine,
+        ``"cpu"`` to hand it across processes).
         """
+        seen: set[tuple[int, tuple[int, ...]]] = set()
         for name, shard in self.model.state_dict().items():
+            local = shard.to_local() if isinstance(shard, DTensor) else shard
+            key = (local.data_ptr(), tuple(shard.shape))
+            if key in seen:  # the same parameter under a second name (tied weights)
+                continue
+            seen.add(key)
             full = _full(shard).detach()
             if dtype is not None or device is not None:
                 full = full.to(device=device, dtype=dtype)

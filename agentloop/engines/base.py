@@ -19,6 +19,8 @@ class SamplingParams:
 
     Logprobs returned by every engine are of the distribution actually sampled from:
     ``log_softmax(logits / temperature)`` (raw logits when ``temperature == 0``, i.e. greedy).
+    ``banned_token_ids`` (a VLM's vision tokens) are never sampled: their logits are -inf, in the
+    logprobs too.
     """
 
     max_tokens: int = 256
@@ -27,6 +29,7 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -51,6 +54,10 @@ class Engine(Protocol):
     returns exactly the sampled ids. ``session_id`` names the trajectory, so an engine with several
     replicas can route all turns of one episode to the same replica (prefix-cache hits).
     Errors are raised as :class:`agentloop.errors.InferenceError`.
+
+    An engine that serves vision-language models sets ``supports_images = True`` and takes an
+    ``images=`` keyword (PIL images, in the order their placeholder runs appear in
+    ``prompt_ids``); the rollout passes it only when the episode has images.
     """
 
     async def generate(

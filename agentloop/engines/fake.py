@@ -38,6 +38,8 @@ class FakeEngine:
     response ends at its first stop token; one longer than ``sampling.max_tokens`` is cut and
     finishes with ``"length"``. ``latency_s`` is awaited per call;
     ``fail_after`` raises :class:`InferenceError` from that call on (engine-error tests).
+    ``version`` (an int) tags every sampled token with that policy version, as an engine whose
+    weights are updated during training does; change it to simulate a weight update.
     Every call is recorded in ``requests``.
     """
 
@@ -49,12 +51,14 @@ class FakeEngine:
         eos_token_id: int | None = None,
         latency_s: float = 0.0,
         fail_after: int | None = None,
+        version: int | None = None,
     ) -> None:
         self.script = script
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.latency_s = latency_s
         self.fail_after = fail_after
+        self.version = version
         self.requests: list[FakeRequest] = []
         self._turns: defaultdict[str | None, int] = defaultdict(int)
 
@@ -75,7 +79,8 @@ class FakeEngine:
         ids, finish = ids[:end], cast(FinishReason, "stop")
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[: sampling.max_tokens], "length"
-        completion = Completion(tuple(ids), tuple(_fake_logprob(i) for i in ids), finish)
+        versions = () if self.version is None else (self.version,) * len(ids)
+        completion = Completion(tuple(ids), tuple(_fake_logprob(i) for i in ids), finish, versions)
         self.requests.append(FakeRequest(session_id, tuple(prompt_ids), sampling, completion))
         return completion
 

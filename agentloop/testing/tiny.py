@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "QWEN2_SPLIT_REGEX",
     "SPECIAL_TOKENS",
     "TOKEN_IDS",
+    "cached_build",
     "make_tiny_model",
     "tiny_model_dir",
     "train_tokenizer",
@@ -254,7 +255,7 @@ def train_tokenizer(vocab_size: int = 2048) -> Tokenizer:
     return tok
 
 
-def _save_tokenizer(tok: Tokenizer, out: Path) -> None:
+def _save_tokenizer(tok: Tokenizer, out: Path, chat_template: str = CHAT_TEMPLATE) -> None:
     """Save as a Qwen2 tokenizer (``tokenizer_class`` named) with the chat template."""
     from transformers import PreTrainedTokenizerFast
 
@@ -268,7 +269,7 @@ def _save_tokenizer(tok: Tokenizer, out: Path) -> None:
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = chat_template
     hf.save_pretrained(str(out))
     # Name the real Qwen2 class, so AutoTokenizer loads what a Qwen2.5 checkpoint would.
     config_path = out / "tokenizer_config.json"
@@ -342,12 +343,17 @@ def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     temporary directory and renames it into place atomically; the loser discards its copy.
     """
     target = Path(cache_dir or os.environ.get(ENV_VAR) or DEFAULT_CACHE_DIR).expanduser()
+    return cached_build(target, make_tiny_model)
+
+
+def cached_build(target: Path, build: Callable[[Path], Any]) -> Path:
+    """``target`` once it holds ``model.safetensors``, else ``build(tmp)`` renamed into place."""
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        make_tiny_model(tmp)
+        build(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         try:
             os.rename(tmp, target)  # atomic; replaces only a missing or empty directory

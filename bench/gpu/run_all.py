@@ -23,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TOKENIZER = ROOT / ".gpu-stage" / "tiny-qwen2"
+MODELS = Path("/root/models")
 
 
 def phase_commands(out: Path) -> dict[str, list[str]]:
@@ -30,11 +31,29 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
     return {
         "ceilings": [py, str(HERE / "ceilings.py"), "--out", str(out / "ceilings.json")],
         "weight_sync": [py, str(HERE / "weight_sync.py"), "--tokenizer", str(TOKENIZER),
+                        "--models", str(MODELS),
                         "--out", str(out / "weight_sync.json")],
         "train": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
                   "--out", str(out / "train.json")],
+        # One GRPO step (+1 to warm up) of the real trainer, colocated on the one GPU: a random-init
+        # 0.5B model (weight_sync made it), Calc-v0, 64 prompts × 8 samples, up to 1k tokens each.
+        "grpo_step": [py, "-c", "import sys; from agentloop.cli import main; sys.exit(main())",
+                      "train", "grpo_calc_tiny", f"model.path={MODELS / 'qwen2-0.5B'}",
+                      "actor.device=cuda", "actor.dtype=bfloat16", "actor.lr=1e-6",
+                      "actor.max_tokens_per_micro_batch=16384", "engine.dtype=bfloat16",
+                      "engine.enforce_eager=false", "engine.kv_cache_memory_bytes=8589934592",
+                      "engine.max_num_seqs=512", "rollout.max_prompt_len=512",
+                      "rollout.max_response_len=1024", "rollout.n=8", "rollout.concurrency=512",
+                      "trainer.prompts_per_step=64", "trainer.total_steps=2",
+                      "trainer.mini_batches=2", "trainer.val_every=0", "checkpoint.every=0",
+                      "checkpoint.save_final=false", "checkpoint.export_final=false",
+                      "logging.tensorboard=false", "logging.wandb=false",
+                      f"trainer.out_dir={out / 'grpo'}"],
+        # run from /tmp: `python -m pytest` puts its cwd first on sys.path, and the repo root's
+        # agentloop/ folder would shadow the package (whose sub-packages live in sibling folders)
         "tests": [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                  "--continue-on-collection-errors",
+                  "--continue-on-collection-errors", "--rootdir", str(ROOT),
+                  "-c", str(ROOT / "pyproject.toml"),
                   f"--junitxml={out / 'tests.xml'}", str(ROOT / "tests")],
     }  # fmt: skip
 
@@ -44,10 +63,14 @@ def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[st
     with open(out / f"{name}.log", "w") as log:
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                cwd=ROOT, env=os.environ).returncode  # fmt: skip
+                                cwd="/tmp", env=os.environ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             rc = "timeout"
     status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+    metrics = out / "grpo" / "metrics.jsonl"
+    if name == "grpo_step" and metrics.is_file():  # the last (warm) step's metrics
+        last = json.loads(metrics.read_text().splitlines()[-1])
+        (out / "grpo_step.json").write_text(json.dumps(last, indent=2))
     print(json.dumps(status), flush=True)
     return status
 
@@ -75,6 +98,9 @@ def rows(results: dict[str, object]) -> list[dict]:
         out.append(_row(f"weight sync {r['size']} max |Δlogprob| engine vs trainer",
                         r["gap_after_sync"], "nats", r["gap_vs_perturbed_before_sync"],
                         "gap before sync"))  # fmt: skip
+    grpo = results.get("grpo_step") or {}
+    for key in sorted(k for k in grpo if k.startswith(("timing_s/", "perf/"))):
+        out.append(_row(f"GRPO step (0.5B, 512 seqs) {key}", grpo[key], "", None, ""))
     for r in (results.get("train") or {}).get("runs", []):
         if "mfu" in r:
             out.append(_row(f"train {r['name']}", r["mfu"], "MFU", None, "of measured peak"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,20 +25,6 @@ VLLM_SETTINGS: dict[str, Any] = {
 }
 
 
-def vllm_processes() -> list[Any]:
-    """Live (non-zombie) vLLM processes among this test process's descendants."""
-    import psutil
-
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.name().startswith("VLLM"):
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
     """The shared VLLMEngine on the tiny model. Teardown checks that vLLM left no process."""
@@ -45,7 +32,9 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
     import psutil
 
     from agentloop.engines.vllm import VLLMEngine
+    from agentloop.testing.processes import vllm_processes
 
+    started = time.time()
     engine = VLLMEngine.create(tiny_model_dir, **VLLM_SETTINGS)
     async with engine:
         pids = engine.pids
@@ -53,7 +42,16 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
         yield engine
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not alive, f"vLLM processes {alive} survived shutdown"
-    assert not vllm_processes(), f"vLLM processes left: {vllm_processes()}"
+    left = vllm_processes(since=started)
+    assert not left, f"vLLM processes left: {left}"
+
+
+@pytest.fixture(scope="session")
+def calc_caller_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model taught to call Calc's python tool (built once, cached on disk)."""
+    from agentloop.testing.calc_caller import calc_caller_model_dir
+
+    return calc_caller_model_dir(base=tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

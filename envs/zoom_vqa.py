@@ -1,0 +1,173 @@
+"""agentloop/ZoomVQA-v0: a small detail on a large synthetic image, legible only after zooming."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text
+from agentloop.envs.tool_env import ToolEnv
+from agentloop.errors import EnvError
+from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, set_current_image, zoom_tool
+from agentloop.types import Message, Task
+
+__all__ = [
+    "SYSTEM_PROMPT",
+    "ZoomVQAEnv",
+    "make_zoom_task",
+    "render_zoom_image",
+    "zoom_reward",
+]
+
+SYSTEM_PROMPT = (
+    "You answer questions about an image. Small details are too small to read in the overview: "
+    "call image_zoom_in with the pixel box of a region to see it at full resolution. Give the "
+    "final answer as \\boxed{answer}."
+)
+_SPLITS = ("train", "test")
+_COLORS = {"red": (220, 40, 40), "blue": (40, 80, 220), "green": (30, 160, 60),
+           "orange": (240, 140, 20), "purple": (140, 50, 180)}  # fmt: skip
+_SHAPES = ("circle", "square", "triangle")
+_CODE_CHARS = "ACDEFHJKLMNPRTUVWXY34679"  # no look-alikes (0/O, 1/I, 5/S, 8/B)
+_WIDTH, _HEIGHT = 1024, 768
+_BOX = 56  # side of the panel that holds the detail
+
+
+def make_zoom_task(split: str, index: int) -> Task:
+    """Task ``index`` of ``split`` (deterministic). ``data`` holds the question, the answer, the
+    image size and the detail's box ``target_bbox``; :func:`render_zoom_image` draws the image."""
+    if split not in _SPLITS:
+        raise EnvError(f"ZoomVQA-v0 split {split!r} is unknown; use one of {_SPLITS}")
+    rng = random.Random(f"zoomvqa/{split}/{index}")
+    color = rng.choice(sorted(_COLORS))
+    x, y = rng.randrange(20, _WIDTH - _BOX - 20), rng.randrange(20, _HEIGHT - _BOX - 20)
+    if rng.random() < 0.5:
+        kind, answer = "code", "".join(rng.choice(_CODE_CHARS) for _ in range(3))
+        question = f"What 3-character code is written inside the small {color} panel?"
+    else:
+        kind, answer = "dots", str(rng.randint(2, 7))
+        question = f"How many white dots are inside the small {color} panel?"
+    return Task(
+        id=f"zoomvqa-{split}-{index:06d}",
+        data={
+            "prompt": f"{question} The image is {_WIDTH}x{_HEIGHT} pixels.",
+            "answer": answer,
+            "kind": kind,
+            "color": color,
+            "target_bbox": [x, y, x + _BOX, y + _BOX],
+            "size": [_WIDTH, _HEIGHT],
+            "seed": f"{split}/{index}",
+        },
+    )
+
+
+def render_zoom_image(task: Task) -> Any:
+    """The task's image (PIL, RGB), drawn from its data; the same task gives the same pixels."""
+    return _render(task.id, task.data["seed"], task.data["kind"], task.data["color"],
+                   tuple(task.data["target_bbox"]), task.data["answer"]).copy()  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _render(
+    task_id: str, seed: str, kind: str, color: str, box: tuple[int, ...], answer: str
+) -> Any:
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = random.Random(f"zoomvqa-image/{seed}")
+    image = Image.new("RGB", (_WIDTH, _HEIGHT), (235, 232, 222))
+    draw = ImageDraw.Draw(image)
+    for _ in range(40):  # distractors: shapes of every colour, larger than the panel's content
+        cx, cy, r = rng.randrange(_WIDTH), rng.randrange(_HEIGHT), rng.randrange(12, 40)
+        fill = _COLORS[rng.choice(sorted(_COLORS))]
+        shape = rng.choice(_SHAPES)
+        if shape == "circle":
+            draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=fill, width=3)
+        elif shape == "square":
+            draw.rectangle((cx - r, cy - r, cx + r, cy + r), outline=fill, width=3)
+        else:
+            draw.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], outline=fill)
+    x1, y1, x2, y2 = box
+    draw.rectangle((x1, y1, x2, y2), fill=_COLORS[color])
+    if kind == "code":
+        font = ImageFont.load_default(size=14)
+        draw.text(((x1 + x2) / 2, (y1 + y2) / 2), answer, fill=(255, 255, 255), font=font,
+                  anchor="mm")  # fmt: skip
+    else:
+        for i in range(int(answer)):
+            dx, dy = 10 + (i % 4) * 12, 16 + (i // 4) * 14
+            draw.ellipse((x1 + dx - 3, y1 + dy - 3, x1 + dx + 3, y1 + dy + 3), fill=(255, 255, 255))
+    return image
+
+
+def _normalize(text: str | None) -> str:
+    return "".join((text or "").split()).upper().removeprefix("\\TEXT{").removesuffix("}")
+
+
+def _covers(call_box: Any, target: Sequence[int]) -> bool:
+    try:
+        x1, y1, x2, y2 = (float(v) for v in call_box)
+    except (TypeError, ValueError):
+        return False
+    return x1 <= target[0] and y1 <= target[1] and x2 >= target[2] and y2 >= target[3]
+
+
+def zoom_reward(task: Task, messages: Sequence[Message]) -> Reward:
+    """1.0 for the exact answer in the last ``\\boxed{}`` (case and spaces ignored), with format
+    metrics (``has_boxed``) and tool-use metrics (``zoom_calls``, ``zoom_on_target``: a zoom box
+    that contains the detail's panel)."""
+    boxed = extract_boxed(last_assistant_text(messages))
+    correct = boxed is not None and _normalize(boxed) == _normalize(task.data["answer"])
+    calls = [c for m in messages if m.role == "assistant" for c in m.tool_calls]
+    zooms = [c for c in calls if c.name == "image_zoom_in"]
+    target = task.data["target_bbox"]
+    on_target = any(_covers(c.arguments.get("bbox_2d"), target) for c in zooms)
+    return Reward(
+        float(correct),
+        {
+            "correct": float(correct),
+            "has_boxed": float(boxed is not None),
+            "zoom_calls": float(len(zooms)),
+            "used_zoom": float(bool(zooms)),
+            "zoom_on_target": float(on_target),
+        },
+    )
+
+
+class ZoomVQAEnv(ToolEnv):
+    """Questions about a detail of a 1024x768 synthetic image: a 3-character code or a count of
+    dots in a small coloured panel. The user turn carries the image; ``image_zoom_in`` crops it
+    (``min_side`` / ``max_pixels`` set the crop limits)."""
+
+    def __init__(
+        self,
+        *,
+        max_turns: int | None = None,
+        min_side: int = MIN_ZOOM_SIDE,
+        max_pixels: int = MAX_ZOOM_PIXELS,
+    ) -> None:
+        tools = [zoom_tool(min_side=min_side, max_pixels=max_pixels)]
+        super().__init__(tools, zoom_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+
+    def prompt(self, task: Task) -> list[Message]:
+        image = render_zoom_image(task)
+        return [
+            Message("system", SYSTEM_PROMPT),
+            Message("user", task.data["prompt"], images=(image,)),
+        ]
+
+    async def reset(
+        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        messages, info = await super().reset(seed=seed, options=options)
+        assert self._session is not None  # reset() opened it
+        set_current_image(self._session.context, messages[-1].images[0])
+        return messages, info
+
+    def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
+        n = limit if limit is not None else 10_000
+        return [make_zoom_task(split, i) for i in range(n)]
+
+    def sample_task(self, seed: int | None) -> Task:
+        return make_zoom_task("train", seed or 0)

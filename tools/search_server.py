@@ -1,0 +1,200 @@
+"""The retrieval server: Search-R1's ``POST /retrieve`` and ``GET /health`` over aiohttp.
+
+Request: ``{"queries": ["..."], "topk": 3, "return_scores": false}``. Response:
+``{"result": [[doc, ...], ...]}`` (one ranked list per query), where ``doc`` is
+``{"id", "contents", "title", "text"}`` — or ``{"document": doc, "score": s}`` with
+``return_scores`` — exactly what Search-R1 clients read. Queries of concurrent requests are
+batched together (up to ``max_batch``) and searched on at most ``max_concurrency`` worker
+threads; a bad request gets a 4xx with ``{"error": "..."}`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agentloop.errors import ConfigError
+from agentloop.tools.search_index import SearchIndex
+
+__all__ = ["SearchServerConfig", "make_app", "run_search_server"]
+
+
+@dataclass(frozen=True)
+class SearchServerConfig:
+    """Limits of the retrieval server."""
+
+    max_queries: int = 256  # per request
+    max_topk: int = 100
+    max_query_chars: int = 4096
+    max_batch: int = 64  # queries searched together, across requests
+    max_concurrency: int = 2  # batches searched at once (worker threads)
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_queries", "max_topk", "max_query_chars", "max_batch", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"search server {name} must be >= 1, got {getattr(self, name)}")
+
+
+class _BadRequest(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    queries: list[str]
+    topk: int
+    future: asyncio.Future[list[list[tuple[int, float]]]]
+
+
+class _Batcher:
+    """Collects the queries of concurrent requests into batches for the index."""
+
+    def __init__(self, index: SearchIndex, config: SearchServerConfig) -> None:
+        self.index, self.config = index, config
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self.pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="search")
+        self.workers: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.workers = [
+            asyncio.create_task(self._work()) for _ in range(self.config.max_concurrency)
+        ]
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            w.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def search(self, queries: list[str], topk: int) -> list[list[tuple[int, float]]]:
+        job = _Job(queries, topk, asyncio.get_running_loop().create_future())
+        await self.queue.put(job)
+        return await job.future
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await self.queue.get()]
+            size = len(jobs[0].queries)
+            while size < self.config.max_batch and not self.queue.empty():
+                job = self.queue.get_nowait()
+                jobs.append(job)
+                size += len(job.queries)
+            queries = [q for j in jobs for q in j.queries]
+            k = max(j.topk for j in jobs)
+            try:
+                ranked = await loop.run_in_executor(self.pool, self.index.search, queries, k)
+            except Exception as exc:  # the index failed: every waiting request learns why
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(exc)
+                continue
+            at = 0
+            for j in jobs:
+                if not j.future.done():
+                    j.future.set_result([r[: j.topk] for r in ranked[at : at + len(j.queries)]])
+                at += len(j.queries)
+
+
+def _parse(body: bytes, config: SearchServerConfig) -> tuple[list[str], int, bool]:
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise _BadRequest(f"the body is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or "queries" not in data:
+        raise _BadRequest('the body must be a JSON object with "queries": ["..."] and "topk": k')
+    queries, topk = data["queries"], data.get("topk", 3)
+    if isinstance(queries, str):
+        queries = [queries]
+    if not isinstance(queries, list) or not queries:
+        raise _BadRequest(f'"queries" must be a non-empty list of strings, got {queries!r:.80}')
+    if len(queries) > config.max_queries:
+        raise _BadRequest(
+            f"{len(queries)} queries in one request; send at most {config.max_queries}"
+        )
+    for i, q in enumerate(queries):
+        if not isinstance(q, str) or not q.strip():
+            raise _BadRequest(f"queries[{i}] must be a non-empty string, got {q!r:.80}")
+        if len(q) > config.max_query_chars:
+            raise _BadRequest(
+                f"queries[{i}] has {len(q)} characters; the limit is {config.max_query_chars}"
+            )
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= config.max_topk:
+        raise _BadRequest(f'"topk" must be an integer in [1, {config.max_topk}], got {topk!r:.40}')
+    return queries, topk, bool(data.get("return_scores", False))
+
+
+_HINTS = {
+    404: "the endpoints are POST /retrieve and GET /health",
+    405: "use POST for /retrieve and GET for /health",
+    413: "the request body is too large; send fewer or shorter queries",
+}
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own 4xx (404, 405, 413) as JSON with a message, like ours."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        hint = _HINTS.get(exc.status, exc.reason)
+        return web.json_response({"error": f"{exc.reason}: {hint}"}, status=exc.status)
+
+
+def make_app(index: SearchIndex, config: SearchServerConfig | None = None) -> web.Application:
+    """The aiohttp application serving ``index``."""
+    config = config or SearchServerConfig()
+    batcher = _Batcher(index, config)
+
+    async def retrieve(request: web.Request) -> web.Response:
+        try:
+            queries, topk, with_scores = _parse(await request.read(), config)
+        except _BadRequest as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        ranked = await batcher.search(queries, topk)
+        result = []
+        for rows in ranked:
+            docs = [index.docs.get(r, s) for r, s in rows]
+            result.append([{"document": d.to_document(), "score": d.score} if with_scores
+                           else d.to_document() for d in docs])  # fmt: skip
+        return web.json_response({"result": result})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "index": index.kind, "docs": len(index.docs)})
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = web.Application(middlewares=[_json_errors], client_max_size=config.max_body_bytes)
+    app.router.add_post("/retrieve", retrieve)
+    app.router.add_get("/health", health)
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def run_search_server(
+    index: SearchIndex,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    config: SearchServerConfig | None = None,
+    print_fn: Callable[[str], Any] = print,
+) -> None:
+    """Serve until interrupted (Ctrl-C)."""
+    app = make_app(index, config)
+    with contextlib.suppress(KeyboardInterrupt):
+        web.run_app(app, host=host, port=port, print=print_fn, access_log=None)
