@@ -14,7 +14,7 @@ placeholder run (the text-only path is unchanged).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,7 @@ class TokenBuilder:
         self._segments = SegmentEncoder.for_tokenizer(tokenizer)
         self.vision = vision
         self.banned_token_ids: tuple[int, ...] = vision.tokens.banned if vision else ()
-        self._fragments: dict[tuple[tuple[str, str | None, str | None, int], ...], Any] = {}
+        self._fragments: dict[tuple[Any, ...], Any] = {}
         self._probe_text = self.render(
             _PROBE_MESSAGES, add_generation_prompt=False, with_tools=False
         )
@@ -125,9 +125,12 @@ class TokenBuilder:
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids of the initial prompt, ending with the assistant generation prompt."""
-        return self._expand(
-            self.encode(self.render(messages, add_generation_prompt=True)), messages
-        )
+        if any(m.role == "assistant" for m in messages):
+            # templates branch on assistant content (reasoning blocks): always render those
+            text = self._render_prompt(messages)
+        else:
+            text = self._filled("prompt", messages, self._render_prompt)
+        return self._expand(self.encode(text), messages)
 
     def observation_ids(
         self, observation: Sequence[Message], completion_ids: Sequence[int]
@@ -189,26 +192,39 @@ class TokenBuilder:
         return self.vision.expand(ids, images)
 
     def _suffix(self, observation: Sequence[Message]) -> str:
-        """The text the template adds for ``observation`` after a finished assistant turn.
+        """The text the template adds for ``observation`` after a finished assistant turn."""
+        return self._filled("suffix", observation, self._render_suffix)
 
-        Per observation *shape* (roles, names, call ids) the template's text around each content is
-        learned once and then filled in, so a turn costs no template render. A shape is learned
-        only if filling reproduces real renders (including content with edge whitespace, which
-        ``trim`` filters would change); otherwise every call renders.
+    def _render_prompt(self, messages: Sequence[Message]) -> str:
+        return self.render(messages, add_generation_prompt=True)
+
+    def _filled(
+        self, kind: str, messages: Sequence[Message], render: Callable[[Sequence[Message]], str]
+    ) -> str:
+        """``render(messages)``, mostly without rendering.
+
+        Per message *shape* (roles, names, call ids, image counts, empty contents) the template's
+        text around each content is learned once and then filled in, so a prompt or a turn costs
+        no template render. A shape is learned only if filling reproduces real renders (including
+        content with edge whitespace, which ``trim`` filters would change); otherwise every call
+        renders.
         """
-        key = tuple((m.role, m.name, m.tool_call_id, len(m.images)) for m in observation)
+        shape = ((m.role, m.name, m.tool_call_id, len(m.images), not m.content) for m in messages)
+        key = (kind, *shape)
         fragments = self._fragments.get(key, _UNLEARNED)
         if fragments is _UNLEARNED:
-            fragments = self._learn_fragments(observation)
+            fragments = self._learn_fragments(messages, render)
             if len(self._fragments) < _MAX_SHAPES:
                 self._fragments[key] = fragments
         if fragments is None:
-            return self._render_suffix(observation)
-        return _fill(fragments, [m.content for m in observation])
+            return render(messages)
+        return _fill(fragments, [m.content for m in messages])
 
-    def _learn_fragments(self, observation: Sequence[Message]) -> tuple[str, ...] | None:
+    def _learn_fragments(
+        self, observation: Sequence[Message], render: Callable[[Sequence[Message]], str]
+    ) -> tuple[str, ...] | None:
         slots = [_SLOT.format(i) for i in range(len(observation))]
-        text = self._render_suffix(_with_contents(observation, slots))
+        text = render(_with_contents(observation, slots))
         fragments = []
         for slot in slots:
             before, found, text = text.partition(slot)
@@ -218,9 +234,7 @@ class TokenBuilder:
         fragments.append(text)
         edgy = [f" \n{i} x\t\n " for i in range(len(observation))]
         for contents in ([m.content for m in observation], edgy):
-            if _fill(fragments, contents) != self._render_suffix(
-                _with_contents(observation, contents)
-            ):
+            if _fill(fragments, contents) != render(_with_contents(observation, contents)):
                 return None
         return tuple(fragments)
 

@@ -101,20 +101,19 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="model dir (default: the tiny model)")
-    parser.add_argument("--tasks", type=int, default=3, help="held-out Calc tasks (default: 3)")
-    parser.add_argument("--group-size", type=int, default=2, help="episodes per task (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="overrides of recipes/tiny_retool/{demo,sft,grpo}.yaml, e.g. demo.out_dir=runs/d2 "
+        "sft.trainer.max_steps=300 grpo.trainer.total_steps=20",
+    )  # fmt: skip
+    parser.add_argument("--recipe", default=None, help="recipe dir (default: recipes/tiny_retool)")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from agentloop.trainers.demo import load_demo_configs, run_demo
 
-    from agentloop.demo import run_demo
-
-    model = Path(args.model) if args.model else None
-    run_demo(model, tasks=args.tasks, group_size=args.group_size, seed=args.seed)
-    return 0
+    result = run_demo(load_demo_configs(args.overrides, args.recipe))
+    return 0 if result.passed else 1
 
 
 def _add_eval(parser: argparse.ArgumentParser) -> None:
@@ -347,7 +346,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "demo",
-        "play a few Calc episodes with the tiny model through the rollout loop",
+        "the tiny ReTool demo on a CPU: SFT, GRPO with real tools, eval, compare, plot, viewer",
         _add_demo,
         _cmd_demo,
     ),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -117,18 +116,17 @@ class _Episode:
                 self.versions.extend(sampled.versions if sampled else [-1] * len(ids))
 
     def build(self, reason: StopReason, error: str | None) -> Trajectory:
-        counts = Counter[str]()
-        for t in self.turns:
-            counts.update(tool_calls=t.tool_calls, tool_errors=t.tool_errors)
         metrics = {
             "turns": float(len(self.turns)),
             "response_tokens": float(self.response_len),
             "trained_tokens": float(sum(self.loss_mask)),
             "gen_time_s": sum(t.gen_latency_s for t in self.turns),
             "env_time_s": sum(t.env_latency_s for t in self.turns),
-            **{k: float(v) for k, v in counts.items()},
-            **self.metrics,
         }
+        if self.turns:
+            metrics["tool_calls"] = float(sum(t.tool_calls for t in self.turns))
+            metrics["tool_errors"] = float(sum(t.tool_errors for t in self.turns))
+        metrics.update(self.metrics)
         return Trajectory(
             task_id=self.task_id,
             token_ids=tuple(self.token_ids),
@@ -300,7 +298,8 @@ def _fit_observation(
             content = truncate_to_tokens(
                 m.content, config.max_tool_output_tokens, builder.encode, builder.decode
             )
-            m = replace(m, content=content)  # keeps the tool message's images
+            if content is not m.content:  # cut: a new message, keeping the tool's images
+                m = replace(m, content=content)
         out.append(m)
     return out
 

@@ -277,7 +277,8 @@ class Trajectory:
             raise TrajectoryError(
                 f"trajectory {self.task_id!r}: prompt_len {self.prompt_len} outside [0, {n}]"
             )
-        if any(v not in (0, 1) for v in self.loss_mask):
+        mask = self.loss_mask  # counted in C: this check runs on every trajectory built
+        if mask.count(0) + mask.count(1) != len(mask):
             raise TrajectoryError(f"trajectory {self.task_id!r}: loss_mask values must be 0 or 1")
         if any(self.loss_mask[: self.prompt_len]):
             raise TrajectoryError(

@@ -10,7 +10,9 @@ same work: ``--steps`` steps of ``--prompts`` prompts × ``--n`` samples.
 Printed side by side, per mode: steps/s and seconds per step over the steady steps (all but the
 first, which also fills the pipeline), the share of the time the trainer computed nothing and
 the share with no generation request in flight (the rollout side idle), and the staleness of the
-trained tokens. The ceiling is sync's own work perfectly overlapped: per step, the longer of its
+trained tokens, with the trainer's wait for its batch (``gen_wait_s``) and its compute
+(``train_s``) per step: the machine's load moves ``train_s`` between runs, so compare modes by
+it too. The ceiling is sync's own work perfectly overlapped: per step, the longer of its
 generation and its training instead of their sum.
 
     .venv/bin/python bench/async_bench.py                   # ~15 min on 2 busy CPU cores
@@ -43,7 +45,7 @@ class SlowCalcEnv(CalcEnv):
     ``slow_factor`` × longer), chosen by (task, call number)."""
 
     def __init__(
-        self, *, latency_s: float = 0.25, slow_every: int = 8, slow_factor: float = 20.0, **kw: Any
+        self, *, latency_s: float = 0.5, slow_every: int = 8, slow_factor: float = 20.0, **kw: Any
     ) -> None:
         super().__init__(**kw)
         self.latency_s, self.slow_every, self.slow_factor = latency_s, slow_every, slow_factor
@@ -70,7 +72,7 @@ def overrides(args: argparse.Namespace, model: Path, out: Path, mode: str) -> li
         f"trainer.prompts_per_step={args.prompts}", f"rollout.n={args.n}", f"data.env={ENV_ID}",
         f"data.env_kwargs={json.dumps(env_kwargs)}", "rollout.max_turns=3",
         "rollout.max_prompt_len=352", "rollout.max_response_len=160", "actor.lr=1e-5",
-        "actor.device=cpu", "actor.tis_cap=2.0", "actor.max_tokens_per_micro_batch=4096",
+        "actor.device=cpu", "actor.tis_cap=2.0", "actor.max_tokens_per_micro_batch=1024",
         f"trainer.mode={mode}", f"trainer.max_staleness={args.max_staleness}",
         "engine.dtype=float32", "engine.kv_cache_memory_bytes=134217728",
         "engine.max_num_seqs=64", "engine.enforce_eager=true", "checkpoint.every=0",
@@ -92,6 +94,8 @@ def summarize(metrics: dict[int, dict[str, float]]) -> dict[str, float]:
     return {
         "steps_per_s": len(steady) / wall,
         "s_per_step": wall / len(steady),
+        "gen_wait_s": sum(m.get("timing_s/gen", 0.0) for m in steady) / len(steady),
+        "train_s": busy / len(steady),
         "trainer_idle_frac": 1 - busy / wall,
         "rollout_idle_frac": rollout_idle / wall,
         "staleness_mean": sum(m.get("async/staleness_mean", 0.0) for m in steady) / len(steady),
@@ -126,7 +130,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--latency", type=float, default=0.25, help="seconds per tool call")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds per tool call")
     parser.add_argument("--slow-every", type=int, default=8)
     parser.add_argument("--slow-factor", type=float, default=20.0)
     parser.add_argument("--max-staleness", type=int, default=1)
@@ -150,14 +154,14 @@ def main() -> None:
     print(f"work: {args.steps} steps × {args.prompts} prompts × n={args.n}; tool calls "
           f"{args.latency} s, 1 in {args.slow_every} × {args.slow_factor:g}; "
           f"max_staleness={args.max_staleness}")  # fmt: skip
-    cols = ("steps_per_s", "s_per_step", "trainer_idle_frac", "rollout_idle_frac",
-            "staleness_mean", "tool_calls_mean")  # fmt: skip
-    print(f"{'mode':<10}" + "".join(f"{c:>19}" for c in cols))
+    cols = ("steps_per_s", "s_per_step", "gen_wait_s", "train_s", "trainer_idle_frac",
+            "rollout_idle_frac", "staleness_mean")  # fmt: skip
+    print(f"{'mode':<10}" + "".join(f"{c:>18}" for c in cols))
     for mode, r in results.items():
-        print(f"{mode:<10}" + "".join(f"{r[c]:>19.3f}" for c in cols))
+        print(f"{mode:<10}" + "".join(f"{r[c]:>18.3f}" for c in cols))
     if "sync" in results:
         ceiling = results["sync"]["overlap_ceiling_steps_per_s"]
-        print(f"{'ceiling':<10}{ceiling:>19.3f}   (sync's generation and training fully "
+        print(f"{'ceiling':<10}{ceiling:>18.3f}   (sync's generation and training fully "
               "overlapped)")  # fmt: skip
         for mode, r in results.items():
             print(f"{mode}: {r['steps_per_s'] / results['sync']['steps_per_s']:.2f}× sync")

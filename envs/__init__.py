@@ -53,3 +53,19 @@ register(
     "agentloop.envs.zoom_vqa:ZoomVQAEnv",
     description="A small detail on a large synthetic image; image_zoom_in tool; exact answer.",
 )
+register(
+    "agentloop/MathTool-v0",
+    "agentloop.envs.math_tool:MathToolEnv",
+    description="Math problems from task files (DAPO-Math, AIME); sandboxed code interpreter.",
+)
+register(
+    "agentloop/SearchR1-v0",
+    "agentloop.envs.search_r1:SearchR1Env",
+    description="Open-domain QA from task files; search tool over a retrieval server; EM reward.",
+)
+register(
+    "agentloop/DeepEyes-v0",
+    "agentloop.envs.deepeyes:DeepEyesEnv",
+    description="Image questions from task files; image_zoom_in; DeepEyes' reward (tool bonus "
+    "only when right).",
+)

@@ -16,6 +16,7 @@ __all__ = [
     "RewardFn",
     "exact_match",
     "extract_boxed",
+    "extract_final_answer",
     "f1_score",
     "last_assistant_text",
     "math_equal",
@@ -48,6 +49,16 @@ def extract_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[i:j].strip()
     return None
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def extract_final_answer(text: str) -> str | None:
+    r"""The content of the last ``<answer>...</answer>`` in ``text`` (the Search-R1 and DeepEyes
+    convention), else of the last ``oxed{...}``, stripped; None if neither is there."""
+    found = _ANSWER_TAG.findall(text)
+    return found[-1].strip() if found else extract_boxed(text)
 
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")

@@ -152,3 +152,40 @@ def test_observation_suffix_matches_a_full_render(tokenizer: Any, template: str 
         full = builder.render([*history, *obs], add_generation_prompt=True)
         expected = full[len(builder.render(history, add_generation_prompt=False)) :]
         assert builder._suffix(obs) == expected
+
+
+# Leaves out messages with empty content: fragments learned on non-empty content must not be
+# filled with an empty one.
+SKIPS_EMPTY = (
+    "{% for m in messages %}{% if m['content'] %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [None, TRIMS_CONTENT, SKIPS_EMPTY])
+def test_prompt_and_suffix_fast_paths_match_a_full_render(
+    tokenizer: Any, template: str | None
+) -> None:
+    """Prompts and observations are filled into learned fragments: always the rendered text."""
+    builder = TokenBuilder(tokenizer, tools=TOOLS, chat_template=template)
+    prompts = [
+        PROMPT,
+        [Message("system", " Be\texact. "), Message("user", "What is 3+4?\n")],
+        [Message("system", ""), Message("user", "What is 2+2?")],
+        [Message("user", "")],
+        [*PROMPT, Message("assistant", "Sure."), Message("user", "Go on.")],  # few-shot: renders
+        PROMPT,
+    ]
+    for prompt in prompts:
+        expected = builder.render(prompt, add_generation_prompt=True)
+        assert tokenizer.decode(builder.prompt_ids(prompt)) == expected
+        assert builder.prompt_ids(prompt) == ids(tokenizer, expected)
+    history = [*PROMPT, Message("assistant", "x")]
+    for contents in (["4"], [""], ["4", ""], ["", "4"], ["4"]):
+        obs = [Message("tool", c, name="python") for c in contents]
+        full = builder.render([*history, *obs], add_generation_prompt=True)
+        assert (
+            builder._suffix(obs)
+            == full[len(builder.render(history, add_generation_prompt=False)) :]
+        )

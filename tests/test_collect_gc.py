@@ -1,4 +1,5 @@
-"""collect keeps the collector off the pre-existing heap during a batch, and only then."""
+"""collect keeps the collector off the pre-existing heap and spaces young collections during a
+batch, and only then."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from agentloop.tools import tool
 from agentloop.types import Message, StopReason, Task
 
 seen: list[int] = []
+young_thresholds: list[int] = []
 
 
 @tool
@@ -24,6 +26,7 @@ def probe(x: int) -> str:
         x: Anything.
     """
     seen.append(gc.get_freeze_count())
+    young_thresholds.append(gc.get_threshold()[0])
     return "ok"
 
 
@@ -67,3 +70,25 @@ def test_a_freeze_made_by_the_user_is_left_alone(tokenizer: object) -> None:
         assert gc.get_freeze_count() > before * 0.9 > 0
     finally:
         gc.unfreeze()
+
+
+def test_young_collections_are_spaced_during_the_batch_only(tokenizer: object) -> None:
+    seen.clear()
+    young_thresholds.clear()
+    before = gc.get_threshold()
+    run(tokenizer)
+    assert young_thresholds and set(young_thresholds) == {10_000}
+    assert gc.get_threshold() == before  # handed back afterwards
+
+
+def test_a_higher_threshold_set_by_the_user_is_kept(tokenizer: object) -> None:
+    seen.clear()
+    young_thresholds.clear()
+    before = gc.get_threshold()
+    gc.set_threshold(50_000, *before[1:])
+    try:
+        run(tokenizer)
+        assert set(young_thresholds) == {50_000}
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)

@@ -31,7 +31,7 @@ class ToolContext:
     def __init__(self, task: Any = None) -> None:
         self.task = task
         self.state: dict[str, Any] = {}
-        self._stack = AsyncExitStack()
+        self._stack: AsyncExitStack | None = None  # most episodes enter nothing: made on demand
         self._resources: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
@@ -54,6 +54,8 @@ class ToolContext:
             if key in self._resources:
                 return self._resources[key]
             self._check_open(key)
+            if self._stack is None:
+                self._stack = AsyncExitStack()
             value = await self._stack.enter_async_context(factory())
             self._resources[key] = value
             return value
@@ -64,7 +66,8 @@ class ToolContext:
             return
         self._closed = True
         self._resources.clear()
-        await self._stack.aclose()
+        if self._stack is not None:
+            await self._stack.aclose()
 
     async def __aenter__(self) -> ToolContext:
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import threading
 import time
 import weakref
@@ -16,6 +17,7 @@ __all__ = ["CANCEL_GRACE_S", "DeadlineExceeded", "ToolLimiter", "call_with_deadl
 
 # How long a timed-out (cancelled) async tool may take to unwind before the dispatcher moves on.
 CANCEL_GRACE_S = 1.0
+_NO_LIMIT: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
 class DeadlineExceeded(Exception):
@@ -29,7 +31,7 @@ class ToolLimiter:
     ``max_concurrency`` is a semaphore. asyncio primitives bind to the loop that first uses them,
     so there is one semaphore per running event loop (tests, threads and Ray actors may run
     several). ``rate_limit_per_s`` is a token bucket holding one token: call starts are spaced at
-    least ``1 / rate`` seconds apart across all loops (a thread lock guards the schedule).
+    least ``1 / rate`` seconds apart across all loops (a thread lock guards the claim).
     """
 
     def __init__(self, max_concurrency: int | None, rate_limit_per_s: float | None) -> None:
@@ -50,25 +52,33 @@ class ToolLimiter:
                 sem = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
             return sem
 
-    def _reserve_start(self) -> float:
-        """Book the next free start time; return how long to wait for it."""
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._next_start)
-            self._next_start = start + self.interval_s
-            return start - now
+    async def _wait_for_rate(self) -> None:
+        """Wait until a start is allowed and claim it. The next start is set from the moment of
+        the claim, not from a booked time, so a late wake-up (a loaded machine) cannot bunch
+        two starts closer than ``interval_s``."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if now >= self._next_start:
+                    self._next_start = now + self.interval_s
+                    return
+                delay = self._next_start - now
+            await asyncio.sleep(delay)
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold a concurrency slot, then wait for the rate limit, for the duration of one call."""
+        if self.max_concurrency is None and not self.interval_s:
+            return _NO_LIMIT  # the common case costs no generator, lock or semaphore per call
+        return self._limited_slot()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold a concurrency slot, then wait for the rate limit, for the duration of one call."""
+    async def _limited_slot(self) -> AsyncIterator[None]:
         sem = self._semaphore()
         if sem is not None:
             await sem.acquire()
         try:
             if self.interval_s:
-                delay = self._reserve_start()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await self._wait_for_rate()
             yield
         finally:
             if sem is not None:
@@ -130,16 +140,30 @@ async def call_with_deadline(
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = (
-        asyncio.ensure_future(fn(**kwargs)) if is_async else _start_thread(loop, fn, kwargs, name)
+        loop.create_task(fn(**kwargs)) if is_async else _start_thread(loop, fn, kwargs, name)
     )
+    # What asyncio.wait({fut}, timeout) does, minus its per-call set, partial and bookkeeping:
+    # one waiter woken by the call's end or by the deadline, whichever comes first.
+    waiter = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    fut.add_done_callback(wake)
+    deadline = loop.call_later(timeout_s, wake, None)
     try:
-        done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+        await waiter
     finally:
-        if not fut.done():
+        deadline.cancel()
+        fut.remove_done_callback(wake)
+        finished = fut.done()
+        if not finished:
             fut.cancel()
             fut.add_done_callback(_consume_result)
-    if not done:
+    if not finished:
         if is_async:
             await asyncio.wait({fut}, timeout=CANCEL_GRACE_S)
         raise DeadlineExceeded(f"tool {name!r} timed out after {timeout_s}s")
     return fut.result()
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import json
 import types
@@ -251,10 +252,13 @@ def bind_arguments(
         validated = model.model_validate(dict(arguments))
     except pydantic.ValidationError as e:
         raise ToolError(_validation_message(tool_name, e, parameters, arguments)) from None
-    out: dict[str, Any] = {}
-    for field_name, info in type(validated).model_fields.items():
-        out[info.alias or field_name] = getattr(validated, field_name)
-    return out
+    return {key: getattr(validated, name) for name, key in _argument_keys(model)}
+
+
+@functools.lru_cache(maxsize=256)
+def _argument_keys(model: type[pydantic.BaseModel]) -> tuple[tuple[str, str], ...]:
+    """(field name, argument name) per field; looked up once per model, not on every call."""
+    return tuple((name, info.alias or name) for name, info in model.model_fields.items())
 
 
 def _validation_message(

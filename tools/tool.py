@@ -44,6 +44,7 @@ class Tool:
     context_param: str | None = None
     arguments_model: type[pydantic.BaseModel] | None = field(default=None, repr=False)
     limiter: ToolLimiter = field(init=False, repr=False)
+    _is_async: bool = field(init=False, repr=False)  # asked on every call: inspect once
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -75,10 +76,11 @@ class Tool:
                 "or None (no limit)"
             )
         object.__setattr__(self, "limiter", ToolLimiter(limit, rate))
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+        return self._is_async
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import enum
 import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from agentloop.types import Message, ToolCall
 __all__ = ["ToolErrorKind", "ToolOutput", "ToolResult", "ToolSession", "Toolset"]
 
 logger = logging.getLogger(__name__)
+_UNBOUNDED: AbstractAsyncContextManager[Any] = contextlib.nullcontext()
 
 
 class ToolErrorKind(enum.StrEnum):
@@ -163,6 +166,8 @@ class ToolSession:
             raise ToolError("dispatch on a closed tool session; open a new one per episode")
         if not calls:
             return []
+        if len(calls) == 1:  # the common turn: no task, gather or semaphore to set up
+            return [await self._run(calls[0], _UNBOUNDED)]
         parallel = asyncio.Semaphore(self.toolset.max_parallel)
         tasks = [asyncio.ensure_future(self._run(call, parallel)) for call in calls]
         try:
@@ -174,7 +179,7 @@ class ToolSession:
             if pending:
                 await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
 
-    async def _run(self, call: ToolCall, parallel: asyncio.Semaphore) -> ToolResult:
+    async def _run(self, call: ToolCall, parallel: AbstractAsyncContextManager[Any]) -> ToolResult:
         start = time.perf_counter()
         content, kind = await self._execute(call, parallel)
         if isinstance(content, ToolOutput):
@@ -182,7 +187,7 @@ class ToolSession:
         return ToolResult(call, content, kind, time.perf_counter() - start)
 
     async def _execute(
-        self, call: ToolCall, parallel: asyncio.Semaphore
+        self, call: ToolCall, parallel: AbstractAsyncContextManager[Any]
     ) -> tuple[str | ToolOutput, ToolErrorKind | None]:
         if call.parse_error is not None:
             return f"Error: invalid tool call: {call.parse_error}", ToolErrorKind.INVALID_JSON

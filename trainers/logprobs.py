@@ -27,6 +27,7 @@ PACKED_ATTN_IMPLEMENTATIONS = (
     "flex_attention",
     "flash_attention_2",
     "flash_attention_3",
+    "varlen",  # agentloop.trainers.varlen: PyTorch's own varlen FlashAttention kernel (CUDA)
 )
 
 
@@ -119,7 +120,7 @@ def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> 
         ).logits
     impl = str(getattr(model.config, "_attn_implementation", None))
     kwargs: dict[str, Any] = {}
-    if "flash" in impl:
+    if "flash" in impl or impl == "varlen":
         cu = batch.cu_seqlens.to(device=batch.input_ids.device, dtype=torch.int32)
         kwargs = dict(
             cu_seq_lens_q=cu, cu_seq_lens_k=cu,

@@ -160,6 +160,7 @@ class _OneStepSource(_SyncSource):
             metrics = {**metrics, "async/wait_s": time.perf_counter() - t0}
         else:
             groups, metrics = await generate_batch(self.ctx, step)
+        self._ahead = None  # handed over: a checkpoint from now on must not generate it again
         if step < self.ctx.cfg.trainer.total_steps:
             before = self.ctx.sampler.state_dict()
             job = asyncio.create_task(generate_batch(self.ctx, step + 1), name=f"batch-{step + 1}")

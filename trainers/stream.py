@@ -93,7 +93,6 @@ def group_min_version(group: TrajectoryGroup, default: int) -> int:
 class _Counters:
     dropped_zero_var: int = 0
     dropped_stale: int = 0
-    restored: int = 0
     requeued: int = 0
 
 
@@ -263,8 +262,9 @@ class RolloutStream:
             "async/start_lag_mean": sum(version - e.start_version for e in picked) / len(picked),
             "rollout/dropped_groups": float(c.dropped_zero_var),
         }
-        if c.restored or c.requeued:
-            out["async/restored_groups"] = float(sum(e.restored for e in picked))
+        restored = sum(e.restored for e in picked)
+        if restored or c.requeued:  # after a resume: kept groups trained, running tasks replayed
+            out["async/restored_groups"] = float(restored)
             out["async/requeued_tasks"] = float(c.requeued)
         self._counters = _Counters()
         return out
@@ -295,7 +295,6 @@ class RolloutStream:
             self._entries[entry.index] = entry
             self._ready.append(entry.index)
         self._requeue.extend(Task(t["id"], t["data"]) for t in state.get("tasks", ()))
-        self._counters.restored = len(records)
         self._counters.requeued = len(self._requeue)
 
     async def close(self) -> None:

@@ -43,6 +43,7 @@ from agentloop.trainers.packing import (
     micro_batch_partition,
     pack,
 )
+from agentloop.trainers.varlen import VARLEN, resolve_attn_implementation
 
 __all__ = ["PolicyWorker", "WorkerConfig"]
 
@@ -78,7 +79,7 @@ class WorkerConfig:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     dtype: str = "bfloat16"
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "auto"
     device: str = "auto"
     seed: int = 0
     max_tokens_per_micro_batch: int = 8192
@@ -108,8 +109,9 @@ class WorkerConfig:
             raise bad("eps", "must be > 0, e.g. 1e-8")
         checks: list[tuple[str, bool, str]] = [
             ("dtype", self.dtype in _DTYPES, f"must be one of {tuple(_DTYPES)}"),
-            ("attn_implementation", self.attn_implementation in PACKED_ATTN_IMPLEMENTATIONS,
-             f"must separate packed sequences: one of {PACKED_ATTN_IMPLEMENTATIONS}"),
+            ("attn_implementation",
+             self.attn_implementation in ("auto", *PACKED_ATTN_IMPLEMENTATIONS),
+             f"must separate packed sequences: 'auto' or one of {PACKED_ATTN_IMPLEMENTATIONS}"),
             ("device", self.device in ("auto", "cpu", "cuda"), "must be 'auto', 'cpu' or 'cuda'"),
             ("max_tokens_per_micro_batch", self.max_tokens_per_micro_batch >= 1,
              "must be >= 1 (a token budget per forward, e.g. 8192)"),
@@ -143,11 +145,17 @@ def _pick_device(name: str) -> torch.device:
 
 
 def _load(
-    model: str | os.PathLike[str] | PretrainedConfig | PreTrainedModel, cfg: WorkerConfig
+    model: str | os.PathLike[str] | PretrainedConfig | PreTrainedModel,
+    cfg: WorkerConfig,
+    device: torch.device,
 ) -> PreTrainedModel:
-    """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init)."""
-    kw: dict[str, Any] = dict(attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+    """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init). A model
+    instance keeps its attention implementation unless ``auto`` resolves to ``varlen``."""
+    attn = resolve_attn_implementation(cfg.attn_implementation, device)
+    kw: dict[str, Any] = dict(attn_implementation=attn, dtype=torch.float32)
     if isinstance(model, PreTrainedModel):
+        if attn == VARLEN:
+            model.set_attn_implementation(attn)
         return model.float()
     if isinstance(model, PretrainedConfig):
         torch.manual_seed(cfg.seed)
@@ -187,7 +195,10 @@ def _shard(
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The full tensor of a shard: all-gathered, or (one rank) the local tensor itself."""
+    if not isinstance(t, DTensor):
+        return t
+    return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
 
 
 class PolicyWorker:
@@ -210,7 +221,7 @@ class PolicyWorker:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = _pick_device(cfg.device)
         self.source_dir = Path(model) if isinstance(model, str | os.PathLike) else None
-        self.model = _shard(_load(model, cfg), cfg, self.device, self.world_size)
+        self.model = _shard(_load(model, cfg, self.device), cfg, self.device, self.world_size)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=cfg.lr,
@@ -420,7 +431,9 @@ class PolicyWorker:
         ``reload_weights(is_checkpoint_format=True)`` expects; a tied weight appears once, under
         its first name, as in a saved checkpoint (``lm_head.weight`` is not in a checkpoint whose
         embeddings are tied). ``dtype``/``device`` convert each tensor (e.g. bf16 for the engine,
-        ``"cpu"`` to hand it across processes).
+        ``"cpu"`` to hand it across processes). On a single rank, a tensor that needs no
+        conversion is a view of the live parameter (no gather, no copy): clone it to keep it
+        across a later ``train_step``.
         """
         seen: set[tuple[int, tuple[int, ...]]] = set()
         for name, shard in self.model.state_dict().items():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from agentloop.engines.base import SamplingParams
 from agentloop.errors import InferenceError
@@ -74,13 +75,13 @@ class FakeEngine:
         if self.fail_after is not None and len(self.requests) >= self.fail_after:
             raise InferenceError(f"FakeEngine: scripted failure after {self.fail_after} calls")
         ids = self._response_ids(prompt_ids, sampling, session_id)
-        stops = {*sampling.stop_token_ids, self.eos_token_id}
-        end = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))  # like an engine
-        ids, finish = ids[:end], cast(FinishReason, "stop")
+        del ids[_stop_end(ids, (*sampling.stop_token_ids, self.eos_token_id)) :]  # like an engine
+        finish: FinishReason = "stop"
         if len(ids) > sampling.max_tokens:
-            ids, finish = ids[: sampling.max_tokens], "length"
+            del ids[sampling.max_tokens :]
+            finish = "length"
         versions = () if self.version is None else (self.version,) * len(ids)
-        completion = Completion(tuple(ids), tuple(_fake_logprob(i) for i in ids), finish, versions)
+        completion = Completion(tuple(ids), _fake_logprobs(ids), finish, versions)
         self.requests.append(FakeRequest(session_id, tuple(prompt_ids), sampling, completion))
         return completion
 
@@ -106,6 +107,16 @@ class FakeEngine:
         return [int(i) for i in response]
 
 
-def _fake_logprob(token_id: int) -> float:
-    """A deterministic, plausible logprob so tests can check alignment."""
-    return -0.01 * (1 + token_id % 97)
+def _stop_end(ids: list[int], stops: tuple[int | None, ...]) -> int:
+    """Length of ``ids`` up to and including the first stop token (all of it if none)."""
+    end = len(ids)
+    for stop in stops:
+        if stop is not None:
+            with contextlib.suppress(ValueError):
+                end = min(end, ids.index(stop) + 1)
+    return end
+
+
+def _fake_logprobs(token_ids: list[int]) -> tuple[float, ...]:
+    """Deterministic, plausible logprobs so tests can check alignment."""
+    return tuple([-0.01 * (1 + i % 97) for i in token_ids])

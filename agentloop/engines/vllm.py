@@ -144,6 +144,7 @@ class WeightSyncStats:
     serialize_s: float
     load_s: float
     total_s: float
+    direct: bool = False  # cuda_ipc's verified fast path (plain copies) instead of load_weights
 
 
 class VLLMEngine:
@@ -384,18 +385,8 @@ class VLLMEngine:
         t0 = time.perf_counter()
         packed = await self._pack(stream, transport)
         t1 = time.perf_counter()
-
-        async def abort_running() -> None:
-            await llm.abort(list(self._live))
-
         try:
-            async with self._gate.update(abort_running if interrupt else None):
-                results = await llm.collective_rpc(
-                    packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
-                )
-                await llm.reset_prefix_cache(reset_running_requests=True)
-                if version is not None:
-                    self._gate.version = version
+            results = await self._load(llm, packed, version, interrupt)
         except InferenceError:
             raise
         except Exception as e:
@@ -412,12 +403,30 @@ class VLLMEngine:
             serialize_s=t1 - t0,
             load_s=max(r["seconds"] for r in results),
             total_s=t2 - t0,
+            direct=all(r.get("direct", 0.0) for r in results),
         )
         log.info(
             "updated %d tensors (%.1f MB, %s) in %.3f s",
             stats.num_tensors, stats.num_bytes / 1e6, transport, stats.total_s,
         )  # fmt: skip
         return stats
+
+    async def _load(
+        self, llm: Any, packed: _PackedWeights, version: int | None, interrupt: bool
+    ) -> list[Any]:
+        """Load ``packed`` once no request runs (interrupted or drained, see ``WeightGate``)."""
+
+        async def abort_running() -> None:
+            await llm.abort(list(self._live))
+
+        async with self._gate.update(abort_running if interrupt else None):
+            results: list[Any] = await llm.collective_rpc(
+                packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
+            )
+            await llm.reset_prefix_cache(reset_running_requests=True)
+            if version is not None:
+                self._gate.version = version
+        return results
 
     async def _pack(
         self, stream: Iterable[tuple[str, torch.Tensor]], transport: str

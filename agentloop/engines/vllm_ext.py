@@ -17,6 +17,7 @@ Imported inside vLLM's worker processes: this module imports only torch and safe
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import tempfile
@@ -33,6 +34,7 @@ __all__ = [
     "CudaIpcBuffer",
     "WeightSyncExtension",
     "checkpoint_shapes",
+    "direct_copy_targets",
     "pack_tensors",
     "safetensors_bytes",
     "write_safetensors",
@@ -73,22 +75,46 @@ class WeightSyncExtension:
         return {"tensors": float(len(named)), "seconds": time.perf_counter() - t0}
 
     def agentloop_reload_from_cuda_ipc(self, payload: bytes) -> dict[str, float]:
-        """Reload from a :class:`CudaIpcBuffer` payload: views into the sender's device buffer,
-        copied by the model's own ``load_weights`` (device to device)."""
+        """Reload from a :class:`CudaIpcBuffer` payload: views into the sender's device buffer.
+
+        The first update of a given set of names goes through the model's own ``load_weights``
+        and then checks whether plain row-slice copies (see :func:`direct_copy_targets`) would
+        have produced exactly the same parameters; if so, later updates of those names are just
+        those copies — one device-to-device copy per tensor, no per-layer reload machinery."""
         t0 = time.perf_counter()
         (rebuild, args), layout = pickle.loads(payload)
         args = list(args)
         args[6] = torch.cuda.current_device()  # the storage's device, as this process numbers it
         buffer = rebuild(*args)
-
-        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, dtype, shape, offset, nbytes in layout:
-                view = buffer[offset : offset + nbytes].view(getattr(torch, dtype))
-                yield name, view.view(shape)
-
-        self.model_runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        views = [
+            (name, buffer[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape))
+            for name, dtype, shape, offset, nbytes in layout
+        ]
+        cache: dict[tuple[str, ...], Any] = self.__dict__.setdefault("_agentloop_direct", {})
+        key = tuple(name for name, _ in views)
+        targets = cache.get(key)
+        if targets:
+            with torch.no_grad():
+                for (param, start, rows), (_, view) in zip(targets, views, strict=True):
+                    param.narrow(0, start, rows).copy_(view)
+        else:
+            self.model_runner.reload_weights(
+                weights_iterator=iter(views), is_checkpoint_format=True
+            )
+            if targets is None:  # first time: would the direct copies have given the same?
+                model = self.model_runner.get_model()
+                found = direct_copy_targets(model, [(n, tuple(v.shape)) for n, v in views])
+                ok = found is not None and all(
+                    torch.equal(p.narrow(0, start, rows), v.to(p.dtype))
+                    for (p, start, rows), (_, v) in zip(found, views, strict=True)
+                )
+                cache[key] = found if ok else False
         torch.cuda.synchronize()  # the sender frees the buffer once this call has returned
-        return {"tensors": float(len(layout)), "seconds": time.perf_counter() - t0}
+        return {
+            "tensors": float(len(layout)),
+            "seconds": time.perf_counter() - t0,
+            "direct": float(bool(targets)),
+        }
 
     def agentloop_weight_sums(self, names: list[str]) -> dict[str, float]:
         """``sum(|w|)`` in float64 of the named model parameters (for tests and debugging).
@@ -97,6 +123,38 @@ class WeightSyncExtension:
         checkpoint names where vLLM fuses layers (``qkv_proj``)."""
         params = dict(self.model_runner.get_model().named_parameters())
         return {n: float(params[n].detach().double().abs().sum()) for n in names if n in params}
+
+
+def direct_copy_targets(
+    model: torch.nn.Module, named_shapes: list[tuple[str, tuple[int, ...]]]
+) -> list[tuple[torch.Tensor, int, int]] | None:
+    """Where each checkpoint tensor lands in the served model, as ``(parameter, first row,
+    rows)``: its own parameter, or its rows of a fused one (``q/k/v_proj`` → ``qkv_proj``,
+    ``gate/up_proj`` → ``gate_up_proj``, per the model's ``packed_modules_mapping``), in order.
+    None when a name has no such place (sharded, quantized or repacked weights): then only the
+    model's ``load_weights`` knows how to load it. Callers verify the mapping before using it."""
+    params = dict(model.named_parameters())
+    packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
+    part_of = {part: (fused, parts) for fused, parts in packed.items() for part in parts}
+    rows_of = {name: shape[0] for name, shape in named_shapes if shape}
+    out: list[tuple[torch.Tensor, int, int]] = []
+    for name, shape in named_shapes:
+        prefix, _, rest = name.rpartition(".")
+        module_path, _, module = prefix.rpartition(".")
+        target, start = params.get(name), 0
+        if target is None and module in part_of:
+            fused, parts = part_of[module]
+            target = params.get(f"{module_path}.{fused}.{rest}")
+            siblings = [f"{module_path}.{p}.{rest}" for p in parts]
+            if any(s not in rows_of for s in siblings):
+                return None
+            start = sum(rows_of[s] for s in siblings[: parts.index(module)])
+        if target is None or target.dim() == 0 or not shape:
+            return None
+        if tuple(target.shape[1:]) != tuple(shape[1:]) or start + shape[0] > target.shape[0]:
+            return None
+        out.append((target, start, shape[0]))
+    return out
 
 
 # ---------------------------------------------------------------------- sender side
@@ -150,9 +208,13 @@ def _check_against_checkpoint(
 
 
 class CudaIpcBuffer:
-    """Checkpoint tensors copied (and cast to ``dtype``) into one flat CUDA buffer, plus the
-    pickled IPC handle and layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc`
-    opens in the engine's process. Keep the object alive until that call has returned."""
+    """Checkpoint tensors cast to ``dtype`` into one flat CUDA buffer, plus the pickled IPC
+    handle and layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the
+    engine's process. Keep the object alive until that call has returned.
+
+    The buffer is laid out from the checkpoint's ``shapes`` before the first tensor arrives, so a
+    stream of freshly gathered tensors is copied (and cast) into place one by one: one extra copy
+    of the weights in ``dtype``, never a second one in the trainer's precision."""
 
     _ALIGN = 256  # bytes; every view starts aligned for any dtype
 
@@ -164,29 +226,32 @@ class CudaIpcBuffer:
     ) -> None:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        # Two passes over a stream of (possibly freshly gathered) tensors would gather twice:
-        # keep the cast copies, then lay them out in one buffer.
-        parts: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in named_tensors:
-            if shapes:
-                _check_against_checkpoint(name, tuple(tensor.shape), shapes)
-            if not tensor.is_cuda:
-                raise ConfigError(f"cuda_ipc weight transport needs CUDA tensors; {name!r} is not")
-            parts.append((name, tensor.detach().to(dtype if tensor.is_floating_point() else None)))
-        if not parts:
-            raise ConfigError("update_weights got no tensors")
-        if len({n for n, _ in parts}) != len(parts):
-            raise ConfigError("update_weights got a tensor name twice")
-        layout, offset = [], 0
-        for name, t in parts:
-            nbytes = t.numel() * t.element_size()
-            layout.append(
-                (name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes)
-            )
+        if not shapes:
+            raise ConfigError("cuda_ipc weight transport needs the checkpoint's tensor shapes")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        slots, offset = {}, 0
+        for name, shape in shapes.items():
+            nbytes = itemsize * math.prod(shape)
+            slots[name] = (offset, nbytes, shape)
             offset += -(-nbytes // self._ALIGN) * self._ALIGN
-        self.buffer = torch.empty(offset, dtype=torch.uint8, device=parts[0][1].device)
-        for (_, t), (_, _, _, off, nbytes) in zip(parts, layout, strict=True):
-            self.buffer[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        self.buffer: torch.Tensor | None = None
+        layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        for name, tensor in named_tensors:
+            _check_against_checkpoint(name, tuple(tensor.shape), shapes)
+            if not (tensor.is_cuda and tensor.is_floating_point()):
+                raise ConfigError(
+                    f"cuda_ipc weight transport needs floating-point CUDA tensors; {name!r} is "
+                    f"{tensor.dtype} on {tensor.device}"
+                )
+            if self.buffer is None:
+                self.buffer = torch.empty(offset, dtype=torch.uint8, device=tensor.device)
+            off, nbytes, shape = slots.pop(name, (None, 0, ()))
+            if off is None:
+                raise ConfigError(f"update_weights got tensor {name!r} twice")
+            self.buffer[off : off + nbytes].view(dtype).view(shape).copy_(tensor)
+            layout.append((name, str(dtype).removeprefix("torch."), shape, off, nbytes))
+        if self.buffer is None:
+            raise ConfigError("update_weights got no tensors")
         torch.cuda.synchronize(self.buffer.device)
         self.num_tensors = len(layout)
         self.num_bytes = sum(entry[4] for entry in layout)

@@ -116,3 +116,36 @@ def test_sampling_mapping() -> None:
     assert params.logprobs == 0 and params.detokenize is False and params.n == 1
     assert list(params.stop_token_ids) == [2, 4]
     assert _vllm_sampling(SamplingParams(top_k=5)).top_k == 5
+
+
+def test_direct_copy_targets_map_checkpoint_tensors_into_fused_parameters() -> None:
+    import torch
+
+    from agentloop.engines.vllm_ext import direct_copy_targets
+
+    class Served(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+            self.attn = torch.nn.Module()
+            self.attn.qkv_proj = torch.nn.Linear(4, 8 + 2 + 2)
+            self.embed = torch.nn.Embedding(12, 4)  # vocab padded from 10 to 12 rows
+
+    m = Served()
+    shapes = [("attn.q_proj.weight", (8, 4)), ("attn.k_proj.weight", (2, 4)),
+              ("attn.v_proj.weight", (2, 4)), ("attn.k_proj.bias", (2,)),
+              ("attn.q_proj.bias", (8,)), ("attn.v_proj.bias", (2,)),
+              ("embed.weight", (10, 4))]  # fmt: skip
+    targets = direct_copy_targets(m, shapes)
+    assert targets is not None
+    qkv_w, qkv_b, emb = m.attn.qkv_proj.weight, m.attn.qkv_proj.bias, m.embed.weight
+    expected = [(qkv_w, 0, 8), (qkv_w, 8, 2), (qkv_w, 10, 2), (qkv_b, 8, 2), (qkv_b, 0, 8),
+                (qkv_b, 10, 2), (emb, 0, 10)]  # fmt: skip
+    assert [(t is p, s, r) for (t, s, r), (p, _, _) in zip(targets, expected, strict=True)] == [
+        (True, s, r) for _, s, r in expected
+    ]
+    # no place for a tensor: a missing sibling, other trailing dims, too many rows, unknown name
+    assert direct_copy_targets(m, shapes[:1]) is None
+    assert direct_copy_targets(m, [("embed.weight", (10, 5))]) is None
+    assert direct_copy_targets(m, [("embed.weight", (13, 4))]) is None
+    assert direct_copy_targets(m, [("lm_head.weight", (10, 4))]) is None

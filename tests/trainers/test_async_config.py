@@ -40,5 +40,5 @@ def test_bad_async_settings_are_named(overrides: list[str], message: str) -> Non
 
 
 def test_replay_needs_sync_mode(tmp_path: object) -> None:
-    with pytest.raises(ConfigError, match="rollout.replay trains on saved batches"):
+    with pytest.raises(ConfigError, match=r"rollout\.replay trains on saved batches"):
         load_config(TrainConfig, TINY, [f"rollout.replay={tmp_path}", "trainer.mode=one_step"])

@@ -31,6 +31,7 @@ def _train(model: Path, out: Path, *extra: str) -> Path:
     return out
 
 
+@pytest.mark.timeout(1800)  # two runs, each starting vLLM
 def test_async_with_max_staleness_0_tags_versions_exactly_as_sync(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -80,6 +81,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None
         time.sleep(0.5)
 
 
+@pytest.mark.timeout(2400)  # two runs in subprocesses (each waited for up to 900 s)
 def test_async_staleness_1_holds_across_a_trainer_kill_and_resume_auto(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ async def _until(predicate: Any, timeout_s: float) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.timeout(1800)  # a Ray cluster and two vLLM start-ups: minutes on a busy CPU
 def test_a_killed_rollout_worker_is_restarted_and_the_run_goes_on(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

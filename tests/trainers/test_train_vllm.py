@@ -164,7 +164,7 @@ def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
     assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
     resumed = _spawn(args, log)
     assert resumed.wait(900) == 0, log.read_text()[-3000:]
-    assert "resumed from" in log.read_text() and "(step 1)" in log.read_text()
+    assert "resumed from" in log.read_text() and "(step 1;" in log.read_text()
     assert _data_order(out) == _data_order(local_run.out)
     metrics = read_metrics(out)
     assert sorted(metrics) == [1, 2, 3]

@@ -201,3 +201,34 @@ def test_bf16_logits_get_bf16_gradients() -> None:
 def test_temperature_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="temperature must be > 0"):
         logprobs_from_logits(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), temperature=0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_varlen_attention_equals_per_sequence_sdpa_on_cuda(
+    tiny_model: Callable[..., Qwen2ForCausalLM],
+) -> None:
+    """PyTorch's varlen FlashAttention kernel on a packed batch (no T×T mask) gives the same
+    logprobs and gradients as unpacked SDPA, sequence by sequence (bf16 tolerance)."""
+    from agentloop.trainers.varlen import resolve_attn_implementation
+
+    assert resolve_attn_implementation("auto", torch.device("cuda")) == "varlen"
+    varlen = tiny_model("varlen").to("cuda", torch.bfloat16)
+    sdpa = tiny_model("sdpa").to("cuda", torch.bfloat16)
+    seqs = _seqs()
+    mb = pack(seqs).to("cuda")
+    packed = token_logprobs(varlen, mb).logprobs
+    packed.sum().backward()
+    for part, s in zip(mb.unpack(packed.detach().float().cpu()), seqs, strict=True):
+        ids = s.token_ids.to("cuda")
+        with torch.no_grad():
+            logits = sdpa(input_ids=ids[None], use_cache=False).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]
+        want = torch.cat([torch.zeros(1, device="cuda"), lp])
+        torch.testing.assert_close(part, want.cpu(), atol=0.05, rtol=0)
+    loss = sum(token_logprobs(sdpa, pack([s]).to("cuda")).logprobs.sum() for s in seqs)
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    g_varlen = varlen.model.layers[0].self_attn.q_proj.weight.grad.float()
+    g_sdpa = sdpa.model.layers[0].self_attn.q_proj.weight.grad.float()
+    assert (g_varlen - g_sdpa).norm() <= 0.05 * g_sdpa.norm()

@@ -1,0 +1,87 @@
+"""agentloop/MathTool-v0: math problems from task files, a sandboxed code interpreter, a verifier.
+
+The ReTool setting: competition math (DAPO-Math-17k for training, AIME for validation) solved
+with a Python interpreter the model may call many times. Tasks come from files in the project's
+task format (``recipes/retool/prepare_data.py`` converts the public datasets); the answer is the
+last ``\\boxed{}`` of the final reply, or failing that a last line ``Answer: X`` (the
+DAPO-Math-17k prompt's convention), compared as numbers when both sides are numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
+from agentloop.envs.task_files import TaskFiles, TaskSchema
+from agentloop.envs.tool_env import ToolEnv
+from agentloop.tools.code_interpreter import code_interpreter_tool
+from agentloop.types import Message, Task
+
+__all__ = ["MATH_SCHEMA", "SYSTEM_PROMPT", "MathToolEnv", "extract_math_answer", "math_tool_reward"]
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. You may run Python with the code_interpreter tool as often as it "
+    "helps: variables persist between calls, and only what you print() comes back. Reason step "
+    "by step, check your result with code, and put the final answer in \\boxed{}."
+)
+#: ``answer``: the reference answer (a string, as the datasets give it).
+MATH_SCHEMA = TaskSchema(
+    "math task", required={"prompt": (str,), "answer": (str,)}, optional={"source": (str,)}
+)
+_ANSWER_LINE = re.compile(r"^\s*Answer\s*:\s*(.+?)\s*$", re.I | re.M)
+#: A final answer this long is not an answer (and would let a verifier be gamed by enumeration).
+MAX_ANSWER_CHARS = 200
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The last ``\\boxed{...}`` of ``text``, else its last ``Answer: ...`` line; None if neither
+    or if it is empty or over ``MAX_ANSWER_CHARS`` characters."""
+    answer = extract_boxed(text)
+    if answer is None:
+        lines = _ANSWER_LINE.findall(text)
+        answer = lines[-1].strip().strip("$") if lines else None
+    if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return None
+    return answer
+
+
+def math_tool_reward(task: Task, messages: Sequence[Message]) -> Reward:
+    """1.0 for the right final answer, else 0.0 — nothing for calling tools or for format, so no
+    degenerate policy (endless tool calls, an empty box, the question echoed back) scores."""
+    answer = extract_math_answer(last_assistant_text(messages))
+    correct = math_equal(answer, task.data["answer"])
+    calls = sum(len(m.tool_calls) for m in messages if m.role == "assistant")
+    return Reward(
+        float(correct),
+        {
+            "correct": float(correct),
+            "has_answer": float(answer is not None),
+            "tool_calls": float(calls),
+            "used_tool": float(calls > 0),
+        },
+    )
+
+
+class MathToolEnv(ToolEnv):
+    """Math problems with a ``code_interpreter`` tool (Python in ``sandbox``: a backend name whose
+    per-event-loop shared sandbox is used; ``local`` is bubblewrap, ``remote`` the sandbox
+    servers of ``agentloop serve-sandbox``). ``files`` maps split names to task files, e.g.
+    ``{"train": "data/retool/dapo_math_17k.jsonl", "aime2024": "data/retool/aime2024.jsonl"}``.
+    ``tool_timeout_s`` bounds each call."""
+
+    def __init__(
+        self,
+        *,
+        files: Mapping[str, str] | None = None,
+        sandbox: str = "local",
+        tool_timeout_s: float = 30.0,
+        max_turns: int | None = None,
+        system_prompt: str = SYSTEM_PROMPT,
+    ) -> None:
+        tool = code_interpreter_tool(sandbox, timeout_s=tool_timeout_s)
+        super().__init__([tool], math_tool_reward, system_prompt=system_prompt, max_turns=max_turns)
+        self.files = TaskFiles(files, MATH_SCHEMA, "agentloop/MathTool-v0")
+
+    def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
+        return self.files.tasks(split, limit)

@@ -1,0 +1,260 @@
+"""Task files: the project's JSONL task format, checked row by row, naming bad rows.
+
+A task file holds one JSON object per line: ``{"id": "...", "prompt": "...", "answer": ...}``
+plus whatever else an env needs (an image path, a data source). ``id`` must be unique in the
+file; every other field goes to ``Task.data``. Recipes' data preparation scripts convert public
+datasets (parquet or JSONL) into this format with :func:`read_rows` and :func:`write_tasks`;
+file-backed envs read it with :class:`TaskFiles`, which loads each file once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentloop.errors import EnvError
+from agentloop.types import Task
+
+__all__ = [
+    "MAX_REPORTED",
+    "BadRow",
+    "TaskFiles",
+    "TaskSchema",
+    "convert_rows",
+    "load_tasks",
+    "read_rows",
+    "write_tasks",
+]
+
+#: How many bad rows an error lists before it only counts the rest.
+MAX_REPORTED = 5
+_JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number",
+                                bool: "true/false", list: "a list", dict: "an object"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskSchema:
+    """The fields a task row must (``required``) or may (``optional``) hold, each with the JSON
+    types it accepts. ``list_of`` names list fields whose items must be of the given type (e.g.
+    ``answer`` as a list of strings). ``paths`` are file paths; a relative one is relative to
+    the task file's folder. ``id`` is always required (a non-empty string)."""
+
+    name: str
+    required: Mapping[str, tuple[type, ...]]
+    optional: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
+    list_of: Mapping[str, type] = field(default_factory=dict)
+    paths: tuple[str, ...] = ()
+
+    def problems(self, row: Any) -> list[str]:
+        """What is wrong with ``row`` (empty if nothing), one phrase per problem."""
+        if not isinstance(row, dict):
+            return [f"the row is {type(row).__name__}, not a JSON object"]
+        out = []
+        if not isinstance(row.get("id"), str) or not row["id"]:
+            out.append(f"'id' is {row.get('id')!r}; give a non-empty string")
+        for name, types in {**self.required, **self.optional}.items():
+            if name not in row or row[name] is None:
+                if name in self.required:
+                    out.append(f"'{name}' is missing; give {_describe(types)}")
+                continue
+            value = row[name]
+            if not _is(value, types):
+                out.append(f"'{name}' is {_short(value)}; give {_describe(types)}")
+            elif isinstance(value, str) and not value.strip() and name in self.required:
+                out.append(f"'{name}' is an empty string")
+            elif isinstance(value, list) and name in self.list_of:
+                item = self.list_of[name]
+                if not value or not all(_is(v, (item,)) for v in value):
+                    out.append(f"'{name}' is {_short(value)}; give a non-empty list of "
+                               f"{_JSON_TYPES.get(item, item.__name__)}s")  # fmt: skip
+        return out
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:  # JSON true is not a number
+        return False
+    return isinstance(value, types)
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    return " or ".join(_JSON_TYPES.get(t, t.__name__) for t in types)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for every row of a ``.jsonl``, ``.json`` (a list) or ``.parquet`` file;
+    ``where`` is ``file:line`` (JSONL) or ``file[row N]``. Parquet needs ``pyarrow``."""
+    p = Path(path)
+    if not p.is_file():
+        raise EnvError(f"data file {str(p)!r} does not exist; pass the path of a downloaded file")
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise EnvError(
+                f"reading {p} needs pyarrow: pip install pyarrow (or pip install -e '.[recipes]')"
+            ) from None
+        for i, row in enumerate(pq.read_table(p).to_pylist()):
+            yield f"{p}[row {i}]", row
+        return
+    if p.suffix == ".json":
+        rows = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise EnvError(f"{p} holds a JSON {type(rows).__name__}; expected a list of rows")
+        for i, row in enumerate(rows):
+            yield f"{p}[row {i}]", row
+        return
+    with p.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{p}:{number}", json.loads(line)
+            except ValueError as exc:
+                raise EnvError(
+                    f"{p}:{number} is not valid JSON ({exc}); fix or remove the line"
+                ) from None
+
+
+def _check(rows: Iterable[tuple[str, Any]], schema: TaskSchema, what: str) -> list[dict[str, Any]]:
+    """All rows if every one is valid and ids are unique, else an EnvError listing bad rows."""
+    good: list[dict[str, Any]] = []
+    bad: list[str] = []
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        problems = schema.problems(row)
+        if not problems and row["id"] in seen:
+            problems = [f"id {row['id']!r} repeats {seen[row['id']]}; ids must be unique"]
+        if problems:
+            bad.append(f"  {where}: " + "; ".join(problems))
+            continue
+        seen[row["id"]] = where
+        good.append(row)
+    if bad:
+        more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
+        raise EnvError(
+            f"{what}: {len(bad)} bad {schema.name} row(s) (of {len(bad) + len(good)}):\n"
+            + "\n".join(bad[:MAX_REPORTED])
+            + more
+            + "\nfix those rows in the source data, or drop them when converting"
+        )
+    if not good:
+        raise EnvError(f"{what} holds no {schema.name} rows")
+    return good
+
+
+def load_tasks(path: str | os.PathLike[str], schema: TaskSchema) -> list[Task]:
+    """Every task of a task file, checked against ``schema`` (all bad rows are named); the
+    schema's ``paths`` fields come back absolute."""
+    rows = _check(read_rows(path), schema, str(path))
+    base = Path(path).resolve().parent
+    for row in rows:
+        for name in schema.paths:
+            if isinstance(row.get(name), str):
+                row[name] = str(base / Path(row[name]).expanduser())
+    return [Task(id=r["id"], data={k: v for k, v in r.items() if k != "id"}) for r in rows]
+
+
+def write_tasks(
+    rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], schema: TaskSchema
+) -> Path:
+    """Check ``rows`` against ``schema`` (naming bad ones by index), then write them as JSONL."""
+    good = _check(((f"row {i}", dict(r)) for i, r in enumerate(rows)), schema, str(path))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in good:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(out)  # a reader never sees half a file
+    return out
+
+
+class BadRow(ValueError):
+    """Raised by a row converter for a source row it cannot convert; the message says why."""
+
+
+def convert_rows(
+    rows: Iterable[tuple[str, Any]],
+    fn: Callable[[Any], dict[str, Any] | None],
+    *,
+    skip_bad: bool = False,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Apply ``fn`` to every ``(where, row)`` of a public dataset: ``(converted, bad)``.
+
+    ``fn`` returns the converted row, None to leave a row out on purpose (a duplicate), or raises
+    :class:`BadRow`. Bad rows are listed as ``where: reason``; unless ``skip_bad``, any bad row
+    raises :class:`EnvError` naming the first few (a wrong file or column names fail loudly).
+    """
+    out: list[dict[str, Any]] = []
+    bad: list[str] = []
+    total = 0
+    for where, row in rows:
+        total += 1
+        try:
+            converted = fn(row)
+        except BadRow as exc:
+            bad.append(f"{where}: {exc}")
+            continue
+        if converted is not None:
+            out.append(converted)
+    if bad and not skip_bad:
+        more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
+        raise EnvError(
+            f"{len(bad)} of {total} rows cannot be converted:\n  "
+            + "\n  ".join(bad[:MAX_REPORTED])
+            + more
+            + "\ncheck that the file is the dataset named in the recipe's README, or pass "
+            "--skip-bad to leave those rows out"
+        )
+    return out, bad
+
+
+_CACHE: dict[tuple[str, str], tuple[tuple[float, int], list[Task]]] = {}
+
+
+class TaskFiles:
+    """Named splits backed by task files, e.g. ``{"train": "data/dapo.jsonl", "aime2024": ...}``.
+
+    Cheap to build (envs are made once per episode); a file is read and checked on first use
+    and then cached per process until it changes on disk.
+    """
+
+    def __init__(self, files: Mapping[str, str] | None, schema: TaskSchema, env: str) -> None:
+        if files is None or not isinstance(files, Mapping) or not files:
+            raise EnvError(
+                f"{env} reads its tasks from files: pass files={{'train': 'PATH.jsonl', "
+                f"'test': ...}} (data.env_kwargs.files in a run config), got {files!r}"
+            )
+        bad = [k for k, v in files.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise EnvError(f"{env}: files must map split names to paths, got {dict(files)!r}")
+        self.files, self.schema, self.env = dict(files), schema, env
+
+    def tasks(self, split: str, limit: int | None = None) -> list[Task]:
+        if split not in self.files:
+            raise EnvError(
+                f"{self.env} has no split {split!r}; its files are {sorted(self.files)} "
+                "(add the split to files=...)"
+            )
+        path = Path(self.files[split]).expanduser().resolve()
+        if not path.is_file():
+            raise EnvError(
+                f"{self.env} split {split!r}: {str(path)!r} does not exist; run the recipe's "
+                "prepare_data.py first, or fix the path"
+            )
+        stat = path.stat()
+        key = (str(path), self.schema.name)
+        cached = _CACHE.get(key)
+        if cached is None or cached[0] != (stat.st_mtime, stat.st_size):
+            cached = _CACHE[key] = ((stat.st_mtime, stat.st_size), load_tasks(path, self.schema))
+        tasks = cached[1]
+        return list(tasks if limit is None else tasks[:limit])

@@ -1,0 +1,130 @@
+"""vLLM on a CUDA GPU (marker ``gpu``; skipped without one): the colocated weight sync through
+CUDA IPC, its verified direct-copy fast path, and token-exact multi-turn rollouts.
+
+Run on the GPU machine with ``bench/gpu/run_all.py --phases tests`` (see bench/gpu/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentloop.chat import TokenBuilder
+from agentloop.collect import collect
+from agentloop.engines.base import SamplingParams
+from agentloop.envs import Env, StepResult
+from agentloop.rollout import RolloutConfig
+from agentloop.types import Completion, Message, Task
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+TURNS = 3
+
+
+async def _gap(engine: Any, worker: Any, prompt: list[int]) -> float:
+    """max |engine logprob − trainer logprob| over 24 greedy tokens after ``prompt``."""
+    from agentloop.trainers.packing import TrainSeq
+
+    out = await engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.0))
+    ids = torch.tensor([*prompt, *out.token_ids])
+    seq = TrainSeq(ids, torch.ones(len(ids)), torch.zeros(len(ids)), torch.zeros(len(ids)))
+    mine = worker.compute_logprobs([seq])[0][len(prompt) :]
+    return float((mine - torch.tensor(out.logprobs)).abs().max())
+
+
+async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload(
+    tiny_model_dir: Path,
+) -> None:
+    from agentloop.engines.vllm import VLLMEngine
+    from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+    worker = PolicyWorker(tiny_model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
+    names = ["model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"]
+
+    def perturb() -> None:
+        with torch.no_grad():
+            for p in worker.model.parameters():
+                p.to_local().add_(torch.randn_like(p.to_local()) * 0.05)
+
+    async def sync(transport: str) -> Any:
+        return await engine.update_weights(worker.state_dict_for_inference(), transport=transport)
+
+    async with VLLMEngine.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
+                                 gpu_memory_utilization=0.2) as engine:  # fmt: skip
+        prompt = list(range(20, 52))
+        perturb()
+        assert await _gap(engine, worker, prompt) > 0.5  # the engine still serves the old weights
+        first = await sync("cuda_ipc")  # load_weights, then the fast path is verified
+        assert not first.direct
+        assert await _gap(engine, worker, prompt) < 0.1  # bf16 engine vs bf16-compute trainer
+        perturb()
+        second = await sync("cuda_ipc")  # the verified direct copies
+        assert second.direct and second.num_bytes == first.num_bytes
+        assert await _gap(engine, worker, prompt) < 0.1
+        sums_direct = await engine.weight_sums(names)
+        await sync("file")  # the same weights through load_weights
+        assert await engine.weight_sums(names) == sums_direct
+
+
+class _Chat(Env):
+    """Answers every reply with a user turn for ``TURNS`` turns: multi-turn with no tools."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    async def reset(
+        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        task = (options or {})["task"]
+        return [Message("user", task.data["prompt"])], {}
+
+    async def step(self, action: Message) -> StepResult:
+        self.turn += 1
+        done = self.turn >= TURNS
+        obs = [] if done else [Message("user", f"Go on ({self.turn}).")]
+        return StepResult(obs, float(done), done, False, {})
+
+
+async def test_multi_turn_rollouts_are_token_exact_on_cuda(
+    tiny_model_dir: Path, tokenizer: Any
+) -> None:
+    from agentloop.engines.vllm import VLLMEngine
+
+    calls: dict[str, list[tuple[tuple[int, ...], Completion]]] = {}
+
+    class Recording(VLLMEngine):
+        async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                           session_id: str | None = None) -> Completion:  # fmt: skip
+            out = await super().generate(prompt_ids, sampling, session_id=session_id)
+            calls.setdefault(session_id or "", []).append((tuple(prompt_ids), out))
+            return out
+
+    builder = TokenBuilder(tokenizer)
+    tasks = [Task(f"t{i}", {"prompt": f"Count to {i}."}) for i in range(32)]
+    config = RolloutConfig(max_turns=TURNS, max_prompt_len=128, max_response_len=384)
+    engine = Recording.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
+                              gpu_memory_utilization=0.2)  # fmt: skip
+    async with engine:
+        groups = await collect(tasks, lambda: _Chat(), engine, builder, config=config,
+                               group_size=4, concurrency=128)  # fmt: skip
+    multi = 0
+    for group in groups:
+        for t in group.trajectories:
+            turns = calls[f"{t.task_id}#{t.sample_index}"]
+            multi += len(turns) > 1
+            for turn, (given, out) in zip(t.turns, turns, strict=True):
+                assert t.token_ids[: turn.start] == given  # the prefix vLLM was given, exactly
+                end = turn.start + len(out.token_ids)
+                assert t.token_ids[turn.start : end] == out.token_ids
+                assert t.logprobs[turn.start : end] == out.logprobs
+                assert all(t.loss_mask[turn.start : end])
+            assert sum(t.loss_mask) == sum(len(out.token_ids) for _, out in turns)
+    assert multi > 0, "no episode had more than one turn"

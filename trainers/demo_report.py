@@ -1,0 +1,162 @@
+"""The demo's last stage: compare the SFT and RL eval runs, plot, write the viewer, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentloop.eval_report import (
+    SUMMARY_FILE,
+    EvalSummary,
+    compare_runs,
+    print_comparison,
+    read_run,
+)
+from agentloop.trainers.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from agentloop.trainers.demo import DemoConfigs, DemoResult
+
+__all__ = ["RESULT_FILE", "eval_dirs", "finish", "plot_curves", "tool_use_of_correct"]
+
+#: The demo's numbers, as JSON, in ``demo.out_dir`` (README numbers and the CI test read it).
+RESULT_FILE = "demo_result.json"
+
+
+def eval_dirs(configs: DemoConfigs) -> tuple[Path, Path]:
+    """The eval runs of the SFT checkpoint (validation before step 1) and of the RL checkpoint
+    (validation after the last step) inside the GRPO run directory."""
+    val = Path(configs.grpo.trainer.out_dir) / "val"
+    return val / "step_000000", val / f"step_{configs.grpo.trainer.total_steps:06d}"
+
+
+def _summary(run: Path) -> EvalSummary:
+    return EvalSummary.from_dict(json.loads((run / SUMMARY_FILE).read_text()))
+
+
+def tool_use_of_correct(run: Path) -> float:
+    """Share of the run's correct episodes that called the tool (NaN if none was correct)."""
+    correct = [r for r in read_run(run) if r["reward"] >= 1.0]
+    if not correct:
+        return float("nan")
+    return sum(1 for r in correct if r["metrics"].get("used_tool", 0.0) > 0) / len(correct)
+
+
+def plot_curves(metrics: Mapping[int, Mapping[str, float]], out: Path, title: str) -> Path:
+    """Training reward per step (mean over the step's episodes) and held-out pass@1 with its 95%
+    CI at each validation, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    steps = sorted(s for s, m in metrics.items() if "rollout/reward_mean" in m)
+    val = sorted(s for s, m in metrics.items() if "val/pass@1" in m)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    ax.plot(steps, [metrics[s]["rollout/reward_mean"] for s in steps], color="#8fb3d9",
+            marker=".", label="training reward (mean of the step's rollouts)")  # fmt: skip
+    if val:
+        ys = [metrics[s]["val/pass@1"] for s in val]
+        lo = [metrics[s].get("val/reward_lo", y) for s, y in zip(val, ys, strict=True)]
+        hi = [metrics[s].get("val/reward_hi", y) for s, y in zip(val, ys, strict=True)]
+        err = [[y - a for y, a in zip(ys, lo, strict=True)],
+               [b - y for y, b in zip(ys, hi, strict=True)]]  # fmt: skip
+        ax.errorbar(val, ys, yerr=err, color="#c0392b", marker="o", capsize=4, linewidth=2,
+                    label="held-out pass@1 (95% CI over tasks)")  # fmt: skip
+    ax.set_xlabel("GRPO step (0 = the SFT checkpoint)")
+    ax.set_ylabel("reward / pass@1")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def _val_metrics(configs: DemoConfigs) -> dict[int, dict[str, float]]:
+    """The run's metrics, with each validation's reward CI read from its summary."""
+    out_dir = Path(configs.grpo.trainer.out_dir)
+    metrics = {s: dict(m) for s, m in read_metrics(out_dir).items()}
+    for step, m in metrics.items():
+        summary_path = out_dir / "val" / f"step_{step:06d}" / SUMMARY_FILE
+        if "val/pass@1" in m and summary_path.is_file():
+            reward = _summary(summary_path.parent).reward
+            m["val/reward_lo"], m["val/reward_hi"] = reward.lo, reward.hi
+    return metrics
+
+
+def finish(
+    configs: DemoConfigs, seconds: dict[str, float], started: float, console: Any
+) -> DemoResult:
+    """Compare, plot, view, and print the final report; write ``demo_result.json``."""
+    from agentloop.trainers.demo import DemoResult
+    from agentloop.viewer import write_view
+
+    out = Path(configs.demo.out_dir)
+    sft_eval, rl_eval = eval_dirs(configs)
+    comparison = compare_runs(sft_eval, rl_eval)
+    print_comparison(comparison, console)
+    res = comparison.result
+    a, b = _summary(sft_eval).pass_at_k[1], _summary(rl_eval).pass_at_k[1]
+    gain = b - a
+    curve = plot_curves(
+        _val_metrics(configs), out / "curve.png",
+        f"tiny ReTool on Calc-v0: held-out pass@1 {a:.2f} (SFT) -> {b:.2f} (RL), "
+        f"gain {gain:+.2f} [{res.lo:+.2f}, {res.hi:+.2f}]",
+    )  # fmt: skip
+    view = write_view(rl_eval, out / "view.html")
+    seconds["report"] = 0.0
+    seconds["total"] = time.perf_counter() - started
+    passed = gain >= configs.demo.min_gain and res.lo > 0
+    result = DemoResult(out, sft_eval, rl_eval, a, b, gain, (res.lo, res.hi), res.p_value,
+                        passed, curve, view, dict(seconds))  # fmt: skip
+    record = {**{k: (str(v) if isinstance(v, Path) else v)
+                 for k, v in result.__dict__.items()},
+              "tool_use_of_correct": tool_use_of_correct(rl_eval),
+              "tasks": res.n, "samples_per_task": configs.grpo.trainer.val_n,
+              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip
+    (out / "demo_result.json").write_text(json.dumps(record, indent=2))
+    _print_report(console, configs, result, record)
+    return result
+
+
+def _print_report(
+    console: Any, configs: DemoConfigs, r: DemoResult, record: Mapping[str, Any]
+) -> None:
+    from rich.table import Table
+
+    table = Table(title="tiny ReTool demo: what RL did", show_header=False)
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    n = f"{record['tasks']} held-out tasks × {record['samples_per_task']} samples, T=" + str(
+        configs.grpo.rollout.temperature
+    )
+    verdict = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
+    rows = [
+        ("pass@1, SFT checkpoint (GRPO step 0)", f"{r.pass_at_1_sft:.3f}"),
+        (f"pass@1, RL checkpoint (step {configs.grpo.trainer.total_steps})",
+         f"{r.pass_at_1_rl:.3f}"),
+        ("gain, paired bootstrap 95% CI", f"{r.gain:+.3f} [{r.ci[0]:+.3f}, {r.ci[1]:+.3f}]"),
+        ("p-value", f"{r.p_value:.4f}"),
+        (f"gain >= {configs.demo.min_gain:.2f} and CI above 0", verdict),
+        ("correct RL answers that used the python tool", f"{record['tool_use_of_correct']:.0%}"),
+        ("evaluated on", n),
+        *((f"time: {k}", f"{v:.0f} s") for k, v in r.seconds.items() if k != "report"),
+        ("machine", f"{record['cpus']} CPUs, load average "
+                    + " / ".join(f"{x:.1f}" for x in record["load_avg"])),
+    ]  # fmt: skip
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"curve:   {r.curve_png}")
+    console.print(f"viewer:  {r.viewer_html}  (open in a browser; works offline)")
+    console.print(f"runs:    SFT eval {r.sft_eval}, RL eval {r.rl_eval}")
+    console.print(f"         agentloop eval --compare {r.sft_eval} {r.rl_eval}")
+    console.print(f"numbers: {r.out_dir / RESULT_FILE}")

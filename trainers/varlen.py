@@ -1,0 +1,95 @@
+"""Packed-sequence attention on CUDA without the flash-attn package: PyTorch's varlen kernel.
+
+``torch.nn.attention.varlen.varlen_attn`` runs FlashAttention on a packed ``[T, H, D]`` batch with
+``cu_seqlens`` — no ``T×T`` mask, no padding, cost linear in the sum of squared sequence lengths.
+:func:`register` makes it a transformers attention implementation named ``"varlen"`` (with
+flash-style mask handling), so ``attn_implementation="varlen"`` works for any model that uses
+transformers' attention interface. ``"auto"`` in :class:`~agentloop.trainers.worker.WorkerConfig`
+picks it on CUDA and ``sdpa`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = ["VARLEN", "register", "resolve_attn_implementation", "varlen_available"]
+
+VARLEN = "varlen"
+
+
+def varlen_available() -> bool:
+    """Whether this torch has the varlen kernel and a CUDA device to run it on."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def resolve_attn_implementation(name: str, device: torch.device) -> str:
+    """``auto`` → ``varlen`` on CUDA when available, else ``sdpa``; other names unchanged
+    (``varlen`` is registered with transformers on the way)."""
+    if name == "auto":
+        name = VARLEN if device.type == "cuda" and varlen_available() else "sdpa"
+    if name == VARLEN:
+        register()
+    return name
+
+
+def register() -> None:
+    """Register ``"varlen"`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    AttentionInterface.register(VARLEN, _varlen_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, flash_attention_mask)
+
+
+def _kernel_kwargs() -> dict[str, Any]:
+    """Causal, GQA-aware keywords across torch versions (2.10 used ``is_causal``; later
+    versions take ``window_size=(-1, 0)`` and ``enable_gqa``)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return {**causal, **({"enable_gqa": True} if "enable_gqa" in params else {})}
+
+
+def _varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: ``query`` ``[1, Hq, T, D]``, ``key``/``value``
+    ``[1, Hkv, T, D]``; returns ``[1, T, Hq, D]``. Without ``cu_seq_lens_q`` (a padded batch,
+    generation) it is plain SDPA."""
+    cu_q = kwargs.get("cu_seq_lens_q")
+    if cu_q is None or query.shape[0] != 1:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    from torch.nn.attention.varlen import varlen_attn
+
+    extra = _kernel_kwargs()
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
+    if "enable_gqa" not in extra and k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
+    out = varlen_attn(
+        q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
+        int(kwargs["max_length_q"]), int(kwargs.get("max_length_k", kwargs["max_length_q"])),
+        scale=scaling, **extra,
+    )  # fmt: skip
+    assert isinstance(out, torch.Tensor)  # no return_aux requested: the output alone
+    return out.unsqueeze(0), None
