@@ -209,8 +209,10 @@ class TokenBuilder:
         content with edge whitespace, which ``trim`` filters would change); otherwise every call
         renders.
         """
-        shape = ((m.role, m.name, m.tool_call_id, len(m.images), not m.content) for m in messages)
-        key = (kind, *shape)
+        key = (
+            kind,
+            *[(m.role, m.name, m.tool_call_id, len(m.images), not m.content) for m in messages],
+        )
         fragments = self._fragments.get(key, _UNLEARNED)
         if fragments is _UNLEARNED:
             fragments = self._learn_fragments(messages, render)

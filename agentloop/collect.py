@@ -20,6 +20,7 @@ __all__ = ["collect", "episode_seed", "make_builder"]
 
 EnvFactory = Callable[[], Env]
 _YOUNG_GC_EVERY = 10_000
+_YOUNG_GC_PER_EPISODE = 200  # allocations per running episode between young collections
 
 
 def make_builder(tokenizer: Any, env_id: str, **env_kwargs: Any) -> TokenBuilder:
@@ -68,7 +69,8 @@ async def collect(
         return trajectory
 
     jobs = [one(task, i) for task in tasks for i in range(group_size)]
-    with _old_heap_frozen(), _young_collections_spaced():
+    running = min(concurrency, len(jobs))
+    with _old_heap_frozen(), _young_collections_spaced(_YOUNG_GC_PER_EPISODE * running):
         results = await asyncio.gather(*jobs)
     return [
         TrajectoryGroup(task, tuple(results[k * group_size : (k + 1) * group_size]))
@@ -129,25 +131,30 @@ def _old_heap_frozen() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _young_collections_spaced() -> Iterator[None]:
-    """Run the youngest GC generation every ``_YOUNG_GC_EVERY`` allocations, not every 700.
+def _young_collections_spaced(per_batch: int = 0) -> Iterator[None]:
+    """Run the youngest GC generation every ``max(_YOUNG_GC_EVERY, per_batch)`` allocations,
+    not every 700.
 
     Running episodes hold their state (messages, token lists, tasks, futures) for their whole
     life, so most objects a young collection walks are live: at the default threshold the
     collector re-walked the same episode state about once per turn, a quarter of the loop's CPU
     with 1,000 concurrent episodes (bench/collect_bench.py), and a third of what was left after
-    the freeze. Cyclic garbage is still found, in bigger, rarer passes. A threshold someone set
-    higher is kept; ours is handed back when the batch ends.
+    the freeze. The walk grows with the number of running episodes, so the spacing does too
+    (``per_batch``: ``_YOUNG_GC_PER_EPISODE`` per running episode); at a fixed 10,000 young
+    passes still took about a fifth of the loop's CPU with 1,000 episodes. Cyclic garbage is
+    still found, in bigger, rarer passes (at most that many objects of it wait for one). A
+    threshold someone set higher is kept; ours is handed back when the batch ends.
     """
+    every = max(_YOUNG_GC_EVERY, per_batch)
     young, *older = gc.get_threshold()
-    if young == 0 or young >= _YOUNG_GC_EVERY:  # 0: automatic collection is off
+    if young == 0 or young >= every:  # 0: automatic collection is off
         yield
         return
-    gc.set_threshold(_YOUNG_GC_EVERY, *older)
+    gc.set_threshold(every, *older)
     try:
         yield
     finally:
-        if gc.get_threshold()[0] == _YOUNG_GC_EVERY:  # not changed by someone meanwhile
+        if gc.get_threshold()[0] == every:  # not changed by someone meanwhile
             gc.set_threshold(young, *older)
 
 

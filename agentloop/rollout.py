@@ -92,8 +92,10 @@ class _Episode:
 
     def add_images(self, messages: list[Message], builder: TokenBuilder) -> None:
         """Record the images of messages just appended, in token order (VLM episodes)."""
-        self.images.extend(im for m in messages for im in m.images)
-        self.image_grids.extend(builder.image_grids(messages))
+        images = [im for m in messages for im in m.images]
+        if images:  # a text turn skips the builder (which names a missing vision processor)
+            self.images.extend(images)
+            self.image_grids.extend(builder.image_grids(messages))
 
     def count_tool_errors(self, result: StepResult) -> None:
         for r in result.info.get("tool_results", ()):
@@ -119,7 +121,7 @@ class _Episode:
         metrics = {
             "turns": float(len(self.turns)),
             "response_tokens": float(self.response_len),
-            "trained_tokens": float(sum(self.loss_mask)),
+            "trained_tokens": float(self.loss_mask.count(1)),  # the mask holds only 0 and 1
             "gen_time_s": sum(t.gen_latency_s for t in self.turns),
             "env_time_s": sum(t.env_latency_s for t in self.turns),
         }

@@ -85,8 +85,10 @@ class Message:
                 f"message content must be str, got {type(self.content).__name__}: "
                 f"{self.content!r:.80}"
             )
-        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
-        object.__setattr__(self, "images", tuple(self.images))
+        if type(self.tool_calls) is not tuple:  # most messages come with tuples: no re-set
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if type(self.images) is not tuple:
+            object.__setattr__(self, "images", tuple(self.images))
 
     def to_template_dict(self) -> dict[str, Any]:
         """The dict a chat template renders. Assistant tool calls are already in ``content`` as
@@ -165,9 +167,9 @@ class Completion:
     versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "token_ids", tuple(self.token_ids))
-        object.__setattr__(self, "logprobs", tuple(self.logprobs))
-        object.__setattr__(self, "versions", tuple(self.versions))
+        for name in ("token_ids", "logprobs", "versions"):
+            if type(getattr(self, name)) is not tuple:  # engines mostly hand tuples already
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if len(self.token_ids) != len(self.logprobs):
             raise TrajectoryError(
                 f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} "

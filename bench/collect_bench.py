@@ -5,7 +5,9 @@ Each episode has 4 turns: 3 turns call a tool (50 ms), the 4th answers; every en
 concurrency the fastest possible wall time is one episode's chain: 4 x 5 ms + 3 x 50 ms. We report
 measured wall time next to it, with the real tiny tokenizer and chat template in the loop, and the
 CPU time the loop itself burns (asyncio runs on one core: once that exceeds the critical path, the
-run is CPU-bound and the wall time follows the CPU time, not the latencies).
+run is CPU-bound and the wall time follows the CPU time, not the latencies). Last, the same
+awaits in bare asyncio (the engine's sleep; the tool as its own task under a deadline, as the
+dispatcher runs it) and nothing else: the floor that any asyncio loop pays.
 
     .venv/bin/python bench/collect_bench.py [--episodes 1000] [--concurrency 1000] [--repeat 3]
 """
@@ -19,7 +21,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
@@ -75,8 +77,9 @@ def main() -> None:
     tasks = [Task(f"q{i}", {"prompt": f"Look up key number {i}."}) for i in range(args.episodes)]
     engine = FakeEngine(script, eos_token_id=eos, latency_s=ENGINE_S)
     config = RolloutConfig(max_turns=TURNS, max_response_len=1024, max_prompt_len=1024)
-    walls, cpus = [], []
+    walls, cpus, floors = [], [], []
     for _ in range(args.repeat):
+        floors.append(_timed(lambda: asyncio.run(asyncio_floor(args.episodes))))
         t0, c0 = time.perf_counter(), time.process_time()
         groups = asyncio.run(
             collect(
@@ -88,6 +91,7 @@ def main() -> None:
         cpus.append(time.process_time() - c0)
         check(groups)
     wall, cpu = statistics.median(walls), statistics.median(cpus)
+    floor_wall, floor_cpu = (statistics.median(f[i] for f in floors) for i in (0, 1))
     critical = TURNS * ENGINE_S + (TURNS - 1) * TOOL_S
     turns = args.episodes * TURNS
     result = {
@@ -99,6 +103,8 @@ def main() -> None:
         "cpu_s": round(cpu, 3),
         "ratio_wall_over_critical": round(wall / critical, 2),
         "cpu_per_turn_us": round(cpu / turns * 1e6, 1),
+        "floor_wall_s": round(floor_wall, 3),
+        "floor_cpu_per_turn_us": round(floor_cpu / turns * 1e6, 1),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"load avg {os.getloadavg()[0]:.1f}",
     }
@@ -106,7 +112,31 @@ def main() -> None:
     print(f"{'critical path (the ceiling)':34}{critical:>10.3f}")
     print(f"{'agentloop collect, wall':34}{wall:>10.3f}   ({wall / critical:.2f}x the ceiling)")
     print(f"{'  of which loop CPU (one core)':34}{cpu:>10.3f}   ({cpu / turns * 1e6:.0f} us/turn)")
+    floor_ratio = floor_wall / critical
+    print(f"{'bare asyncio, same awaits, wall':34}{floor_wall:>10.3f}   ({floor_ratio:.2f}x)")
+    print(f"{'  of which CPU':34}{floor_cpu:>10.3f}   ({floor_cpu / turns * 1e6:.0f} us/turn)")
     print(json.dumps(result))
+
+
+async def asyncio_floor(episodes: int) -> None:
+    """The same awaits with nothing else: per turn an engine sleep and, on tool turns, the tool
+    as its own task under a deadline (as the dispatcher runs it). What asyncio alone costs."""
+
+    async def episode() -> None:
+        loop = asyncio.get_running_loop()
+        for turn in range(TURNS):
+            await asyncio.sleep(ENGINE_S)
+            if turn < TURNS - 1:
+                tool_task = loop.create_task(asyncio.sleep(TOOL_S))
+                await asyncio.wait({tool_task}, timeout=30.0)
+
+    await asyncio.gather(*(episode() for _ in range(episodes)))
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def check(groups: Sequence[TrajectoryGroup]) -> None:

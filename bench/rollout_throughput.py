@@ -163,7 +163,7 @@ async def bench(args: Any) -> dict[str, Any]:
 
     model = calc_caller_model_dir()
     builder = TokenBuilder(AutoTokenizer.from_pretrained(model), tools=make(CALC).tool_schemas)
-    settings = {"dtype": "float32", "max_model_len": args.max_model_len,
+    settings = {"dtype": args.dtype, "max_model_len": args.max_model_len,
                 "max_num_seqs": max(256, args.tasks * args.n), "enforce_eager": not args.compile,
                 "kv_cache_memory_bytes": 1 << 30}  # fmt: skip
     if args.block_size:
@@ -232,6 +232,8 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="let vLLM torch.compile (slow start)"
     )
+    parser.add_argument("--dtype", default="float32", help="engine dtype (bfloat16 on a GPU)")
+    parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     result = asyncio.run(bench(args))
@@ -243,6 +245,9 @@ def main() -> None:
           f"{result['agent_loop_tokens_per_s']:>11.1f}   ratio {result['ratio']:.2f} "
           f"(median of {len(result['ratio_per_pair'])} back-to-back pairs)")  # fmt: skip
     print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

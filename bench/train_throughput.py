@@ -252,14 +252,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add(
         "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype on CUDA"
     )
-    add("--attn", default="sdpa", help="attention implementation (sdpa, flex_attention, ...)")
+    add(
+        "--attn",
+        default="auto",
+        help="attention implementation (auto: varlen FlashAttention on CUDA, sdpa on CPU)",
+    )
     add("--num-seqs", type=int, default=None, help="sequences per step (default: 64 GPU, 32 CPU)")
     add(
-        "--median-len", type=int, default=None, help="log-normal median (default: 512 GPU, 128 CPU)"
+        "--median-len",
+        type=int,
+        default=None,
+        help="log-normal median (default: 1024 GPU, i.e. mean ~1.5k; 128 CPU)",
     )
-    add("--sigma", type=float, default=1.0, help="log-normal sigma (default: 1.0)")
+    add("--sigma", type=float, default=None, help="log-normal sigma (default: 0.9 GPU, 1.0 CPU)")
     add("--min-len", type=int, default=16)
-    add("--max-len", type=int, default=None, help="default: 4096 GPU, 1024 CPU")
+    add("--max-len", type=int, default=None, help="default: 8192 GPU, 1024 CPU")
     add("--max-tokens-per-micro-batch", type=int, default=None, help="default: 16384 GPU, 2048 CPU")
     add("--activation-checkpointing", choices=("off", "on", "both"), default=None,
         help="default: both on CUDA, off on CPU")  # fmt: skip
@@ -271,7 +278,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    defaults = dict(num_seqs=(64, 32), median_len=(512, 128), max_len=(4096, 1024),
+    defaults = dict(num_seqs=(64, 32), median_len=(1024, 128), sigma=(0.9, 1.0),
+                    max_len=(8192, 1024),
                     max_tokens_per_micro_batch=(16384, 2048),
                     activation_checkpointing=("both", "off"))  # fmt: skip
     for key, (on_gpu, on_cpu) in defaults.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import operator
@@ -24,7 +23,7 @@ __all__ = ["CALC_ENV_ID", "TraceConfig", "expert_expression", "make_calc_traces"
 CALC_ENV_ID = "agentloop/Calc-v0"
 _NUMBER = re.compile(r"\d+")
 _WHAT_IS = re.compile(r"^What is (?P<expr>[\d\s()+\-*]+)\?$")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+_OPS = {"+": operator.add, "-": operator.sub}
 
 
 @dataclass(frozen=True)
@@ -98,16 +97,48 @@ def expert_expression(task: Task) -> str:
 
 
 def _evaluate(expr: str) -> int:
-    """Integer ``+ - *`` arithmetic with parentheses (the Calc question grammar), no ``eval``."""
+    """Integer ``+ - *`` arithmetic with parentheses (the Calc question grammar), no ``eval``.
 
-    def walk(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](walk(node.left), walk(node.right))
-        raise EnvError(f"{ast.unparse(node)!r} is outside the Calc question grammar")
+    A small recursive-descent parser rather than ``ast``: CPython 3.11 keeps ``ast.parse``'s
+    recursion bookkeeping per interpreter, so a parse racing one in another thread can fail with
+    "AST constructor recursion depth mismatch"."""
+    tokens = re.findall(r"\d+|[-+*()]|\S", expr)
+    pos = 0
 
-    return walk(ast.parse(expr, mode="eval").body)
+    def take() -> str:
+        nonlocal pos
+        if pos == len(tokens):
+            raise EnvError(f"{expr!r} ends early; it is outside the Calc question grammar")
+        pos += 1
+        return tokens[pos - 1]
+
+    def atom() -> int:
+        tok = take()
+        if tok.isdigit():
+            return int(tok)
+        if tok == "(":
+            value = sum_()
+            if take() == ")":
+                return value
+        raise EnvError(f"{expr!r} is outside the Calc question grammar (at {tok!r})")
+
+    def product() -> int:
+        value = atom()
+        while pos < len(tokens) and tokens[pos] == "*":
+            take()
+            value *= atom()
+        return value
+
+    def sum_() -> int:
+        value = product()
+        while pos < len(tokens) and tokens[pos] in "+-":
+            value = _OPS[take()](value, product())
+        return value
+
+    value = sum_()
+    if pos != len(tokens):
+        raise EnvError(f"{expr!r} is outside the Calc question grammar (at {tokens[pos]!r})")
+    return value
 
 
 def _typo(expr: str, rng: random.Random) -> str:

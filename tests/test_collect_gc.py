@@ -92,3 +92,27 @@ def test_a_higher_threshold_set_by_the_user_is_kept(tokenizer: object) -> None:
         assert gc.get_threshold()[0] == 50_000
     finally:
         gc.set_threshold(*before)
+
+
+def test_spacing_grows_with_the_number_of_running_episodes(tokenizer: object) -> None:
+    from agentloop.chat import TokenBuilder
+    from agentloop.collect import _YOUNG_GC_PER_EPISODE
+
+    young_thresholds.clear()
+    before = gc.get_threshold()
+    builder = TokenBuilder(tokenizer, tools=[probe.schema])
+    call = builder.encode('<tool_call>\n{"name": "probe", "arguments": {"x": 1}}\n</tool_call>')
+    eos = builder.stop_token_ids[0]
+    engine = FakeEngine([[*call, eos], [*builder.encode("done"), eos]], eos_token_id=eos)
+    tasks = [Task(f"t{i}", {"prompt": "go"}) for i in range(80)]
+    groups = asyncio.run(
+        collect(
+            tasks, lambda: ToolEnv([probe], reward), engine, builder,
+            config=RolloutConfig(), concurrency=60,
+        )
+    )  # fmt: skip
+    assert all(t.stop_reason == StopReason.DONE for g in groups for t in g.trajectories)
+    # 60 episodes run at once (not 80: the slots bound them), above the fixed 10,000 floor
+    assert 60 * _YOUNG_GC_PER_EPISODE > 10_000
+    assert set(young_thresholds) == {60 * _YOUNG_GC_PER_EPISODE}
+    assert gc.get_threshold() == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,9 @@ from agentloop.tools.tool import tool
 __all__ = ["python", "safe_exec"]
 
 MAX_CODE_CHARS = 10_000
+# CPython 3.11 keeps ast.parse's recursion bookkeeping per interpreter: two threads parsing at once
+# can fail with "AST constructor recursion depth mismatch". Our parses take turns.
+_PARSE_LOCK = threading.Lock()
 MAX_INT_BITS = 10_000  # ~3000 digits: far beyond any arithmetic task, well below int→str limits
 
 Number = int | float
@@ -174,7 +178,8 @@ def safe_exec(code: str) -> str:
     if len(code) > MAX_CODE_CHARS:
         raise ToolError(f"code is {len(code)} characters; the limit is {MAX_CODE_CHARS}")
     try:
-        tree = ast.parse(code, mode="exec")
+        with _PARSE_LOCK:
+            tree = ast.parse(code, mode="exec")
     except SyntaxError as e:
         raise ToolError(f"syntax error at line {e.lineno}: {e.msg}") from None
     except (RecursionError, MemoryError):

@@ -79,10 +79,12 @@ _NAME_RE = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _DECODER = json.JSONDecoder()
 
 
+_WS_RUN = re.compile(r"[ \t\r\n]*")
+
+
 def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\r\n":
-        pos += 1
-    return pos
+    match = _WS_RUN.match(text, pos)  # a scan in C; `*` always matches
+    return match.end() if match else pos
 
 
 def _guess_name(body: str) -> str:

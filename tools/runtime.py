@@ -42,6 +42,11 @@ class ToolLimiter:
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._semaphores = weakref.WeakKeyDictionary()
 
+    @property
+    def unlimited(self) -> bool:
+        """True when a call needs no slot: no concurrency limit and no rate limit."""
+        return self.max_concurrency is None and not self.interval_s
+
     def _semaphore(self) -> asyncio.Semaphore | None:
         if self.max_concurrency is None:
             return None
@@ -67,7 +72,7 @@ class ToolLimiter:
 
     def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold a concurrency slot, then wait for the rate limit, for the duration of one call."""
-        if self.max_concurrency is None and not self.interval_s:
+        if self.unlimited:
             return _NO_LIMIT  # the common case costs no generator, lock or semaphore per call
         return self._limited_slot()
 

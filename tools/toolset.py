@@ -203,25 +203,32 @@ class ToolSession:
             return f"Error: {e}", ToolErrorKind.INVALID_ARGUMENTS
         if t.context_param is not None:
             kwargs[t.context_param] = self.context
+        if parallel is _UNBOUNDED and t.limiter.unlimited:  # the common call: no async-with
+            return await _call(t, kwargs)
         async with t.limiter.slot(), parallel:
-            try:
-                value = await call_with_deadline(
-                    t.fn, kwargs, is_async=t.is_async, timeout_s=t.timeout_s, name=t.name
-                )
-            except ToolFatalError:
-                raise
-            except DeadlineExceeded as e:
-                return f"Error: {e}", ToolErrorKind.TIMEOUT
-            except ToolError as e:
-                return f"Error: tool {t.name!r} failed: {e}", ToolErrorKind.TOOL_EXCEPTION
-            except (Exception, SystemExit) as e:
-                logger.debug("tool %r raised", t.name, exc_info=True)
-                detail = f": {e}" if str(e) else ""
-                return (
-                    f"Error: tool {t.name!r} raised {type(e).__name__}{detail}",
-                    ToolErrorKind.TOOL_EXCEPTION,
-                )
-        return _render(t.name, value)
+            return await _call(t, kwargs)
+
+
+async def _call(t: Tool, kwargs: dict[str, Any]) -> tuple[str | ToolOutput, ToolErrorKind | None]:
+    """Run the tool under its deadline; every failure but ``ToolFatalError`` becomes a result."""
+    try:
+        value = await call_with_deadline(
+            t.fn, kwargs, is_async=t.is_async, timeout_s=t.timeout_s, name=t.name
+        )
+    except ToolFatalError:
+        raise
+    except DeadlineExceeded as e:
+        return f"Error: {e}", ToolErrorKind.TIMEOUT
+    except ToolError as e:
+        return f"Error: tool {t.name!r} failed: {e}", ToolErrorKind.TOOL_EXCEPTION
+    except (Exception, SystemExit) as e:
+        logger.debug("tool %r raised", t.name, exc_info=True)
+        detail = f": {e}" if str(e) else ""
+        return (
+            f"Error: tool {t.name!r} raised {type(e).__name__}{detail}",
+            ToolErrorKind.TOOL_EXCEPTION,
+        )
+    return _render(t.name, value)
 
 
 def _render(name: str, value: Any) -> tuple[str | ToolOutput, ToolErrorKind | None]:

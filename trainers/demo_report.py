@@ -21,7 +21,14 @@ from agentloop.trainers.metrics import read_metrics
 if TYPE_CHECKING:
     from agentloop.trainers.demo import DemoConfigs, DemoResult
 
-__all__ = ["RESULT_FILE", "eval_dirs", "finish", "plot_curves", "tool_use_of_correct"]
+__all__ = [
+    "RESULT_FILE",
+    "eval_dirs",
+    "finish",
+    "plot_curves",
+    "tool_call_rate",
+    "tool_use_of_correct",
+]
 
 #: The demo's numbers, as JSON, in ``demo.out_dir`` (README numbers and the CI test read it).
 RESULT_FILE = "demo_result.json"
@@ -44,6 +51,13 @@ def tool_use_of_correct(run: Path) -> float:
     if not correct:
         return float("nan")
     return sum(1 for r in correct if r["metrics"].get("used_tool", 0.0) > 0) / len(correct)
+
+
+def tool_call_rate(run: Path) -> float:
+    """Share of the run's episodes that called the tool at least once."""
+    records = read_run(run)
+    used = sum(1 for r in records if r["metrics"].get("used_tool", 0.0) > 0)
+    return used / len(records) if records else float("nan")
 
 
 def plot_curves(metrics: Mapping[int, Mapping[str, float]], out: Path, title: str) -> Path:
@@ -120,6 +134,8 @@ def finish(
     record = {**{k: (str(v) if isinstance(v, Path) else v)
                  for k, v in result.__dict__.items()},
               "tool_use_of_correct": tool_use_of_correct(rl_eval),
+              "tool_call_rate_sft": tool_call_rate(sft_eval),
+              "tool_call_rate_rl": tool_call_rate(rl_eval),
               "tasks": res.n, "samples_per_task": configs.grpo.trainer.val_n,
               "load_avg": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip
     (out / "demo_result.json").write_text(json.dumps(record, indent=2))
@@ -146,6 +162,8 @@ def _print_report(
         ("gain, paired bootstrap 95% CI", f"{r.gain:+.3f} [{r.ci[0]:+.3f}, {r.ci[1]:+.3f}]"),
         ("p-value", f"{r.p_value:.4f}"),
         (f"gain >= {configs.demo.min_gain:.2f} and CI above 0", verdict),
+        ("episodes that called python, SFT -> RL",
+         f"{record['tool_call_rate_sft']:.0%} -> {record['tool_call_rate_rl']:.0%}"),
         ("correct RL answers that used the python tool", f"{record['tool_use_of_correct']:.0%}"),
         ("evaluated on", n),
         *((f"time: {k}", f"{v:.0f} s") for k, v in r.seconds.items() if k != "report"),

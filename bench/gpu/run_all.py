@@ -34,7 +34,15 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
                         "--models", str(MODELS),
                         "--out", str(out / "weight_sync.json")],
         "train": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
-                  "--out", str(out / "train.json")],
+                  "--model-size", "0.5B", "--out", str(out / "train.json")],
+        "train_1.5B": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
+                       "--model-size", "1.5B", "--out", str(out / "train_1.5B.json")],
+        # The agent loop vs one plain batched generate of the same tokens, on the tool-calling
+        # tiny model (the python tool in-process: the image has no bubblewrap), CUDA graphs on.
+        **{f"rollout_{n}": [py, str(ROOT / "bench" / "rollout_throughput.py"), "--tasks",
+                            str(n // 4), "--n", "4", "--repeat", "3", "--sandbox", "fake",
+                            "--compile", "--dtype", "bfloat16",
+                            "--out", str(out / f"rollout_{n}.json")] for n in (256, 1024)},
         # One GRPO step (+1 to warm up) of the real trainer, colocated on the one GPU: a random-init
         # 0.5B model (weight_sync made it), Calc-v0, 64 prompts × 8 samples, up to 1k tokens each.
         "grpo_step": [py, "-c", "import sys; from agentloop.cli import main; sys.exit(main())",
@@ -101,9 +109,16 @@ def rows(results: dict[str, object]) -> list[dict]:
     grpo = results.get("grpo_step") or {}
     for key in sorted(k for k in grpo if k.startswith(("timing_s/", "perf/"))):
         out.append(_row(f"GRPO step (0.5B, 512 seqs) {key}", grpo[key], "", None, ""))
-    for r in (results.get("train") or {}).get("runs", []):
-        if "mfu" in r:
-            out.append(_row(f"train {r['name']}", r["mfu"], "MFU", None, "of measured peak"))
+    for n in (256, 1024):
+        r = results.get(f"rollout_{n}") or {}
+        if r:
+            out.append(_row(f"rollout {n} Calc episodes, agent loop", r["agent_loop_tokens_per_s"],
+                            "tok/s", r["ceiling_tokens_per_s"], "plain generate"))  # fmt: skip
+    for phase in ("train", "train_1.5B"):
+        for r in (results.get(phase) or {}).get("runs", []):
+            if "mfu" in r:
+                out.append(_row(f"train {r['name']}", r["mfu"], "MFU", None, "of measured peak"))
+                out.append(_row(f"train {r['name']}", r["tokens_per_s"], "tok/s", None, ""))
     return out
 
 

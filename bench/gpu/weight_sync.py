@@ -80,6 +80,7 @@ async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, obje
                 "pack_s": statistics.median(s.serialize_s for s in stats),
                 "load_s": statistics.median(s.load_s for s in stats),
                 "GBps": stats[0].num_bytes / total / 1e9,
+                "direct": all(s.direct for s in stats),
             }
         result["gap_after_sync"] = await _score_gap(engine, worker, prompt)
         result["sleep1_s"] = statistics.median(await _timed(lambda: engine.sleep(1), 1))

@@ -76,14 +76,17 @@ def reference_logprobs(
     *,
     temperature: float = 1.0,
     top_k: int = -1,
+    banned: Sequence[int] = (),
 ) -> list[float]:
     """log p(completion[i] | prompt + completion[:i]) under the sampled distribution:
-    ``log_softmax(logits / T)`` restricted to the top-k (raw logits when ``T == 0``)."""
+    ``log_softmax(logits / T)`` restricted to the top-k (raw logits when ``T == 0``), with the
+    ``banned`` ids' logits at -inf."""
     import torch
 
     ids = torch.tensor([[*prompt, *completion]])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    logits[:, list(banned)] = float("-inf")
     if temperature > 0:
         logits = logits / temperature
     if top_k > 0:

@@ -107,6 +107,42 @@ async def test_greedy_matches_hf_argmax(vllm_engine: Any, hf_model: Any) -> None
     assert list(out.token_ids) == ref
 
 
+async def test_banned_tokens_are_never_sampled(vllm_engine: Any, hf_model: Any) -> None:
+    import torch
+
+    prompt = prompts(1, seed=3)[0]
+    greedy = await vllm_engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0))
+    banned = tuple(sorted(set(greedy.token_ids)))  # exactly what greedy decoding wants
+    out = await vllm_engine.generate(
+        prompt, SamplingParams(max_tokens=12, temperature=0, banned_token_ids=banned)
+    )
+    assert not set(out.token_ids) & set(banned)
+    with torch.no_grad():
+        ref = hf_model.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=EOS,
+            suppress_tokens=list(banned),
+        )[0, len(prompt) :].tolist()  # fmt: skip
+    assert list(out.token_ids) == ref
+
+
+async def test_banned_tokens_logprobs_are_of_the_banned_distribution(
+    vllm_engine: Any, hf_model: Any, hf_logprobs: Any, record_property: Any
+) -> None:
+    banned = tuple(range(8, 2048, 2))  # half the vocabulary: unbanned, ~half would be sampled
+    batch = prompts(4, seed=17)
+    sampling = SamplingParams(max_tokens=32, temperature=1.0, banned_token_ids=banned)
+    outs = await asyncio.gather(
+        *(vllm_engine.generate(p, sampling.with_(seed=i)) for i, p in enumerate(batch))
+    )
+    deltas = []
+    for prompt, out in zip(batch, outs, strict=True):
+        assert not set(out.token_ids) & set(banned)
+        ref = hf_logprobs(hf_model, prompt, out.token_ids, banned=banned)
+        deltas += [abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)]
+    record_property("mean_abs_logprob_delta_banned", sum(deltas) / len(deltas))
+    assert len(deltas) > 32 and max(deltas) < 1e-3
+
+
 async def test_many_concurrent_requests(vllm_engine: Any) -> None:
     batch = prompts(48, seed=21, lo=5, hi=40)
     outs = await asyncio.gather(

@@ -20,7 +20,7 @@ from agentloop.trainers.demo_report import RESULT_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-SHORT_STEPS = 12
+SHORT_STEPS = 8
 SHORT_MIN_GAIN = 0.05
 
 
