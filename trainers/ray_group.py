@@ -5,7 +5,8 @@ engine, and N rollout actors (``trainers/disagg.py``), one bundle each, serve th
 
 Joins the cluster ``ray.address`` names (``auto`` for a running one, which is how multi-node
 runs start) or starts a private local Ray, and shuts down only what it started: its actors, its
-placement group and, if it started Ray, its Ray instance (never ``ray stop``).
+placement group and, if it started Ray, that Ray instance by its own handle (never a
+host-wide stop that would end Ray processes it did not start).
 """
 
 from __future__ import annotations
