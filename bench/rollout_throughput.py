@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentloop.chat import TokenBuilder
@@ -155,13 +156,13 @@ def _breakdown(trajs: list[Trajectory]) -> dict[str, Any]:
     }
 
 
-async def bench(args: Any) -> dict[str, Any]:
+async def bench(args: Any, model: Path) -> dict[str, Any]:
+    """``model``: the tool-calling tiny model (built before the event loop starts: teaching it
+    plays Calc episodes under its own ``asyncio.run``)."""
     from transformers import AutoTokenizer
 
     from agentloop.engines.vllm import VLLMEngine
-    from agentloop.testing.calc_caller import calc_caller_model_dir
 
-    model = calc_caller_model_dir()
     builder = TokenBuilder(AutoTokenizer.from_pretrained(model), tools=make(CALC).tool_schemas)
     settings = {"dtype": args.dtype, "max_model_len": args.max_model_len,
                 "max_num_seqs": max(256, args.tasks * args.n), "enforce_eager": not args.compile,
@@ -236,7 +237,11 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    result = asyncio.run(bench(args))
+    # building the tool-calling model may initialise CUDA here: a forked engine core could not
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    from agentloop.testing.calc_caller import calc_caller_model_dir
+
+    result = asyncio.run(bench(args, calc_caller_model_dir()))
     print(f"\n{'':34}{'tokens':>8}{'tokens/s':>11}")
     tokens = statistics.median(result["sampled_tokens"])
     print(f"{'plain AsyncLLM.generate (ceiling)':34}{tokens:>8.0f}"

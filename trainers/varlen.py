@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["VARLEN", "register", "resolve_attn_implementation", "varlen_available"]
+__all__ = [
+    "VARLEN",
+    "causal_padding_mask",
+    "register",
+    "resolve_attn_implementation",
+    "varlen_available",
+]
 
 VARLEN = "varlen"
 
@@ -58,6 +64,16 @@ def _kernel_kwargs() -> dict[str, Any]:
     return {**causal, **({"enable_gqa": True} if "enable_gqa" in params else {})}
 
 
+def causal_padding_mask(padding: torch.Tensor, q_len: int) -> torch.Tensor:
+    """``[B, T]`` keys-present mask → ``[B, 1, q_len, T]`` boolean causal mask for SDPA (the last
+    ``q_len`` positions are queries). Every query also sees itself, so a padding query's row is
+    never all-masked (SDPA would return NaN there; the loss ignores those positions anyway)."""
+    t = padding.shape[-1]
+    causal = torch.ones(q_len, t, dtype=torch.bool, device=padding.device).tril(t - q_len)
+    diagonal = torch.eye(q_len, t, dtype=torch.bool, device=padding.device).roll(t - q_len, dims=1)
+    return (causal[None, None] & padding.bool()[:, None, None, :]) | diagonal[None, None]
+
+
 def _varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -70,11 +86,13 @@ def _varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: ``query`` ``[1, Hq, T, D]``, ``key``/``value``
     ``[1, Hkv, T, D]``; returns ``[1, T, Hq, D]``. Without ``cu_seq_lens_q`` (a padded batch,
-    generation) it is plain SDPA."""
+    generation) it is plain SDPA, with flash-style 2-D padding mask made a 4-D causal one."""
     cu_q = kwargs.get("cu_seq_lens_q")
     if cu_q is None or query.shape[0] != 1:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        if attention_mask is not None and attention_mask.dim() == 2:
+            attention_mask = causal_padding_mask(attention_mask, query.shape[2])
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -59,6 +59,7 @@ async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, obje
     engine = VLLMEngine.create(
         model_dir, dtype="bfloat16", max_model_len=2048, kv_cache_memory_bytes=4 << 30,
         enforce_eager=True, enable_sleep_mode=True,
+        gpu_memory_utilization=0.5,  # vLLM's start-up check: the trainer already holds memory
     )  # fmt: skip
     result: dict[str, object] = {"size": size}
     async with engine:

@@ -203,6 +203,26 @@ def test_temperature_must_be_positive() -> None:
         logprobs_from_logits(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), temperature=0.0)
 
 
+def test_varlen_implementation_scores_padded_batches_like_sdpa(
+    tiny_model: Callable[..., Qwen2ForCausalLM],
+) -> None:
+    """A padded batch (the padded baseline in bench/train_throughput.py) has no ``cu_seqlens``:
+    the ``varlen`` implementation falls back to SDPA, turning the flash-style 2-D padding mask
+    into a causal 4-D one. It must score exactly as ``sdpa`` does."""
+    from agentloop.trainers.varlen import register
+
+    register()
+    varlen, sdpa = tiny_model("varlen").eval(), tiny_model("sdpa").eval()
+    seqs = _seqs()
+    pb = pad(seqs)
+    with torch.no_grad():
+        got = token_logprobs(varlen, pb).logprobs
+        want = token_logprobs(sdpa, pb).logprobs
+    valid = pb.attention_mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
+    assert torch.isfinite(got).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_varlen_attention_equals_per_sequence_sdpa_on_cuda(
