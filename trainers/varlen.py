@@ -15,13 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "VARLEN",
-    "causal_padding_mask",
-    "register",
-    "resolve_attn_implementation",
-    "varlen_available",
-]
+__all__ = ["VARLEN", "register", "resolve_attn_implementation", "varlen_available"]
 
 VARLEN = "varlen"
 
@@ -64,7 +58,7 @@ def _kernel_kwargs() -> dict[str, Any]:
     return {**causal, **({"enable_gqa": True} if "enable_gqa" in params else {})}
 
 
-def causal_padding_mask(padding: torch.Tensor, q_len: int) -> torch.Tensor:
+def _causal_padding_mask(padding: torch.Tensor, q_len: int) -> torch.Tensor:
     """``[B, T]`` keys-present mask → ``[B, 1, q_len, T]`` boolean causal mask for SDPA (the last
     ``q_len`` positions are queries). Every query also sees itself, so a padding query's row is
     never all-masked (SDPA would return NaN there; the loss ignores those positions anyway)."""
@@ -92,7 +86,7 @@ def _varlen_attention_forward(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         if attention_mask is not None and attention_mask.dim() == 2:
-            attention_mask = causal_padding_mask(attention_mask, query.shape[2])
+            attention_mask = _causal_padding_mask(attention_mask, query.shape[2])
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
