@@ -183,14 +183,16 @@ async def test_multiturn_vlm_episodes_are_token_exact(
 async def test_an_image_that_does_not_fit_is_dropped_whole(
     engine: HFEngine, builder: TokenBuilder, vision: Any
 ) -> None:
+    # Greedy: the taught call comes out every time (sampling at temperature 1 sometimes wrote a
+    # broken call, so no crop), and the tight run repeats the roomy run's first turn exactly.
     task = make(ENV).tasks("test", 1)[0]
-    roomy = RolloutConfig(max_turns=2, max_response_len=1024, temperature=1.0)
+    roomy = RolloutConfig(max_turns=2, max_response_len=1024, temperature=0.0)
     full = await rollout(make(ENV), engine, builder, task, roomy, seed=5)
     # prompt image + one crop per turn (the last turn's observation ends the trajectory)
     assert len(full.turns) == 2 and len(full.images) == 3, full.messages
     first = full.turns[0]
     budget = first.completion_tokens + first.observation_tokens - 1
-    tight = RolloutConfig(max_turns=2, temperature=1.0, max_response_len=budget)
+    tight = RolloutConfig(max_turns=2, temperature=0.0, max_response_len=budget)
     cut = await rollout(make(ENV), engine, builder, task, tight, seed=5)
     assert cut.metrics["images_dropped"] == 1.0 and len(cut.images) == 1  # the prompt's only
     tool = next(m for m in cut.messages if m.role == "tool")
@@ -198,4 +200,5 @@ async def test_an_image_that_does_not_fit_is_dropped_whole(
     check_image_placeholders(
         cut.token_ids, cut.image_grids, image_token_id=vision.tokens.image, merge_size=2
     )
-    assert cut.stop_reason in (StopReason.MAX_TOKENS, StopReason.MAX_TURNS)
+    # the episode goes on after the drop: the model reads the placeholder and may answer (done)
+    assert cut.stop_reason in (StopReason.DONE, StopReason.MAX_TOKENS, StopReason.MAX_TURNS)
