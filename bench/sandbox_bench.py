@@ -9,8 +9,8 @@ pool), ``pooled run`` = ``sandbox.run`` with pre-warmed interpreters (one per ru
 ``session`` = consecutive runs in an open session (one session per concurrent caller).
 ``bwrap alone`` starts the local backend's own bubblewrap command line for a cold run directly
 (no launcher, no cgroup): the price of the isolation itself, the floor of ``local cold``.
-The machine may be shared and busy, so each row times bare ``python3 -c`` right before and after
-its latency runs and reports ``×bare`` against that floor.
+The machine may be shared and busy, so each row times bare ``python3 -c`` alternately with its
+latency runs (one bare run per run) and reports ``×bare`` against that floor.
 """
 
 from __future__ import annotations
@@ -50,25 +50,20 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-async def timed(run: RunFn, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        await run()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 async def latency(run: RunFn, n: int) -> tuple[float, float, float]:
-    """p50 and p99 of ``run`` (sequential), and the p50 of bare ``python3 -c`` timed just
-    before and just after (the machine may be shared: the floor is taken under the same load)."""
-    before = await timed(bare_run, 20)
-    times = await timed(run, n)
-    after = await timed(bare_run, 20)
+    """p50 and p99 of ``run`` (sequential), and the p50 of bare ``python3 -c`` timed alternately
+    with it, run by run (the machine may be shared: the floor is taken under the same load)."""
+    times: list[float] = []
+    floors: list[float] = []
+    for i in range(2 * n):
+        fn, out = (run, times) if i % 2 == (i // 2) % 2 else (bare_run, floors)  # ABBA order
+        start = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - start)
     return (
         statistics.median(times) * 1e3,
         pct(times, 0.99) * 1e3,
-        statistics.median(before + after) * 1e3,
+        statistics.median(floors) * 1e3,
     )
 
 
@@ -105,10 +100,10 @@ async def argv_run(argv: list[str], env: dict[str, str] | None = None) -> None:
 def bwrap_alone(sb: Any) -> RunFn:
     """The local backend's own bwrap command line for a cold run, started directly: the cost of
     the isolation itself (namespaces, mounts), without agentloop's launchers and limits."""
-    from agentloop.sandboxes.bwrap import BOOT_MOUNT, sandbox_env
+    from agentloop.sandboxes.bwrap import sandbox_env
 
-    env = {**sandbox_env(sb.limits), "PYTHONPATH": BOOT_MOUNT}
-    argv = [*sb._bwrap_argv(["--ro-bind", sb._boot_dir, BOOT_MOUNT]), sb.python, "-c", CODE]
+    env = sandbox_env(sb.limits)
+    argv = [*sb._bwrap_argv(), sb.python, "-c", CODE]
     return lambda: argv_run(argv, env)
 
 

@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agentloop.errors import SandboxError
 
@@ -34,10 +34,12 @@ __all__ = ["LaunchedProcess", "Launcher", "drop_launcher", "launcher_limits", "s
 log = logging.getLogger(__name__)
 _MSG = struct.Struct("=qq")  # (kind, value): kind 0 = started (pid; pidfd attached), 1 = exited
 # `python3 -S -c LAUNCHER_SOURCE FD`, FD = the request socket. For each request (JSON: argv, env,
-# uid, target fds; the fds ride along as SCM_RIGHTS) it forks, places the fds, drops to the uid,
-# execs; sends the pid and a pidfd; waits; sends the status; reaps every orphan bwrap leaves.
+# uid, rlimits, target fds; the fds ride along as SCM_RIGHTS) it forks; the child places the fds,
+# marks itself first for the OOM killer, sets the rlimits, drops to the uid and execs; the
+# launcher sends the pid and a pidfd, waits, sends the status and reaps every orphan bwrap leaves.
+# Limits set before exec hold for bwrap and everything the sandboxed program starts.
 LAUNCHER_SOURCE = r"""
-import ctypes, fcntl, json, os, signal, socket, struct, sys, time
+import ctypes, fcntl, json, os, resource, signal, socket, struct, sys, time
 libc = ctypes.CDLL(None)
 libc.prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the host process dies
 libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the sandbox come to us, to be reaped
@@ -57,6 +59,13 @@ def child(req, fds):
             except OSError:
                 pass
     os.closerange(max(targets) + 1, 65536)
+    try:  # the OOM killer takes the sandbox, never the launcher in its cgroup
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    for rlim, soft, hard in req["rlimits"]:
+        resource.setrlimit(rlim, (soft, hard))
     uid = req["uid"]
     if uid is not None:
         os.setgroups([])
@@ -223,13 +232,18 @@ class Launcher:
         uid: int | None,
         fds: Mapping[int, int],
         stdin: bool,
+        rlimits: Sequence[tuple[int, int, int]] = (),
     ) -> LaunchedProcess:
-        """Start ``argv`` with ``fds`` ({target fd: our fd}) and piped stdio."""
+        """Start ``argv`` with ``fds`` ({target fd: our fd}), piped stdio and ``rlimits``
+        ((``resource.RLIMIT_*``, soft, hard) each) as uid ``uid``."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
         send = {0: in_r, 1: out_w, 2: err_w, **fds}
-        req = {"argv": argv, "env": dict(env), "uid": uid, "targets": list(send)}
+        req = {
+            "argv": argv, "env": dict(env), "uid": uid, "targets": list(send),
+            "rlimits": [list(r) for r in rlimits],
+        }  # fmt: skip
         if self.running:
             raise SandboxError("this launcher is still running a sandbox")
         self.running = True

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import posixpath
+import resource
 import secrets
 import shutil
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, SandboxLimits
-from .bwrap import BOOT_MOUNT, BWRAP_INSTALL_HINT, fs_args, sandbox_env, write_boot_dir
+from .bwrap import BWRAP_INSTALL_HINT, fs_args, sandbox_env
 from .cgroups import CgroupRoot, detect_cgroups, reap_stale_cgroups
 from .launcher import Launcher
 from .pool import KernelSandbox
@@ -24,7 +25,6 @@ from .slots import SlotPool
 __all__ = ["LocalSandbox"]
 
 _START_TIMEOUT_S = 30.0
-_EXEC_BASH = "import os, sys; os.execvp('bash', ['bash', '-c', sys.argv[1]])"
 
 
 class LocalSandbox(KernelSandbox):
@@ -74,7 +74,6 @@ class LocalSandbox(KernelSandbox):
         self._max_slots = launcher_slots
         self._cgroups: CgroupRoot | None = None
         self._bwrap_path = ""
-        self._boot_dir = ""
         self._slots: SlotPool | None = None
         self._root = os.geteuid() == 0
 
@@ -94,7 +93,6 @@ class LocalSandbox(KernelSandbox):
                 "sandbox, which sees only /usr and ro_binds; install python3 under /usr "
                 "(`apt-get install python3`) or pass ro_binds=[<its install prefix>]"
             )
-        self._boot_dir = await asyncio.to_thread(write_boot_dir, self.python)
         if self._use_cgroups:
             self._cgroups = await asyncio.to_thread(detect_cgroups, self._cgroup_parent)
             if self._cgroups is not None:
@@ -107,9 +105,6 @@ class LocalSandbox(KernelSandbox):
         slots, self._slots = self._slots, None
         if slots is not None:
             await slots.close()
-        boot, self._boot_dir = self._boot_dir, ""
-        if boot:
-            shutil.rmtree(boot, ignore_errors=True)
 
     @property
     def cgroup_version(self) -> int | None:
@@ -215,18 +210,16 @@ class LocalSandbox(KernelSandbox):
     ) -> ExecResult:
         assert self._slots is not None
         cpu = int(min(self.limits.cpu_limit_s, timeout_s)) + 1
-        limits = {**self._rlimits(), "cpu": cpu}
-        env = sandbox_env(self.limits)
-        # sitecustomize (on PYTHONPATH) sets the rlimits; bash is exec'd after it
-        env["PYTHONPATH"] = BOOT_MOUNT
-        env["AGENTLOOP_RLIMITS"] = ",".join(f"{k}={v}" for k, v in limits.items() if v)
-        command = [self.python, "-c", code]
-        if language == "bash":
-            command = [self.python, "-c", _EXEC_BASH, code]
-        argv = self._bwrap_argv([*extra, "--ro-bind", self._boot_dir, BOOT_MOUNT]) + command
+        # CPU: SIGXCPU at the soft limit (a hard limit equal to it would SIGKILL first)
+        rlimits = [(resource.RLIMIT_CPU, cpu, cpu + 1)]
+        for name, value in self._rlimits().items():
+            if value is not None:
+                rlimits.append((getattr(resource, "RLIMIT_" + name.upper()), value, value))
+        command = [self.python, "-c", code] if language == "python" else ["bash", "-c", code]
+        argv = self._bwrap_argv(extra) + command
         slot = await self._slots.take()
         try:
-            return await self._run_on(slot, argv, env, stdin, timeout_s, fds)
+            return await self._run_on(slot, argv, stdin, timeout_s, fds, rlimits)
         finally:
             self._slots.release(slot)
 
@@ -234,14 +227,16 @@ class LocalSandbox(KernelSandbox):
         self,
         slot: Launcher,
         argv: list[str],
-        env: dict[str, str],
         stdin: str | None,
         timeout_s: float,
         fds: list[int],
+        rlimits: list[tuple[int, int, int]],
     ) -> ExecResult:
         cg = slot.cgroup
         oom_before = cg.oom_kills() if cg is not None else 0
-        proc = await slot.launch(argv, env, self._uid(), {fd: fd for fd in fds}, bool(stdin))
+        env = sandbox_env(self.limits)
+        fd_map = {fd: fd for fd in fds}
+        proc = await slot.launch(argv, env, self._uid(), fd_map, bool(stdin), rlimits)
         return await collect_process(
             proc,  # type: ignore[arg-type]  # the subset of Process it uses
             stdin=stdin,

@@ -133,6 +133,21 @@ async def _check_cpu_and_file_limits(target: Any) -> None:
     assert big.exit_code == 1 and "File too large" in big.stderr, big
 
 
+async def test_cold_runs_in_both_languages_start_under_their_limits() -> None:
+    """The launcher sets the limits before exec: they hold from the first instruction of the
+    program, in Python and in bash alike, and the OOM killer picks the program first."""
+    limits = SandboxLimits(timeout_s=20, cpu_time_s=3, max_file_mb=1)
+    async with make_sandbox("local", limits=limits, pool_size=0) as sb:
+        py = await sb.run(
+            "import resource as r\n"
+            "print(*(r.getrlimit(k) for k in (r.RLIMIT_FSIZE, r.RLIMIT_CORE, r.RLIMIT_CPU)))\n"
+            "print(open('/proc/self/oom_score_adj').read().strip())"
+        )
+        assert py.stdout.split("\n")[:2] == [f"{(1 << 20,) * 2} (0, 0) (4, 5)", "1000"], py
+        sh = await sb.run("ulimit -f; ulimit -c; ulimit -t; cat /proc/self/oom_score_adj", language="bash")
+        assert sh.stdout.split() == ["1024", "0", "4", "1000"], sh
+
+
 async def test_rlimit_fallback_without_cgroups() -> None:
     limits = SandboxLimits(memory_mb=128, max_processes=16)
     async with make_sandbox("local", limits=limits, pool_size=0, use_cgroups=False) as sb:
