@@ -7,6 +7,7 @@ import binascii
 import difflib
 import importlib
 import math
+import os
 import posixpath
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -26,6 +27,7 @@ __all__ = [
     "check_files",
     "check_language",
     "make_sandbox",
+    "pid_alive",
     "register_sandbox",
 ]
 
@@ -315,3 +317,14 @@ def make_sandbox(name: str, **kwargs: Any) -> Sandbox:
         raise ConfigError(
             f"sandbox backend {name!r} cannot be built with {sorted(kwargs)}: {exc}"
         ) from None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

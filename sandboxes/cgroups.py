@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import SandboxLimits
+from .base import SandboxLimits, pid_alive
 
 __all__ = ["Cgroup", "CgroupRoot", "detect_cgroups", "reap_stale_cgroups"]
 
@@ -200,16 +200,6 @@ class Cgroup:
         return ok
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_stale_cgroups(root: CgroupRoot) -> int:
     """Remove groups left by agentloop processes that died (a crashed trainer); returns how many."""
     removed = 0
@@ -217,6 +207,6 @@ def reap_stale_cgroups(root: CgroupRoot) -> int:
         with contextlib.suppress(OSError):
             for child in parent.iterdir():
                 m = _NAME.match(child.name)
-                if m and child.is_dir() and not _pid_alive(int(m.group(1))):
+                if m and child.is_dir() and not pid_alive(int(m.group(1))):
                     removed += Cgroup(root.version, ((ctrl, child),)).remove()
     return removed

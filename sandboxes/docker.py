@@ -13,7 +13,7 @@ from typing import Any
 
 from agentloop.errors import ConfigError, SandboxError
 
-from .base import ExecResult, SandboxLimits
+from .base import ExecResult, SandboxLimits, pid_alive
 from .bwrap import sandbox_env
 from .pool import KernelSandbox
 from .protocol import KERNEL_SOURCE, StreamKernel, new_sentinel
@@ -32,16 +32,6 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_containers(client: Any, *, everything: bool = False) -> int:
     """Remove sandbox containers whose owning process (on this host) is gone; returns how many.
 
@@ -52,7 +42,7 @@ def reap_containers(client: Any, *, everything: bool = False) -> int:
     host = socket.gethostname()
     for cid, labels in sandbox_containers(client):
         name, _, pid = labels.get(_OWNER, "").rpartition(":")
-        stale = name == host and pid.isdigit() and not _pid_alive(int(pid))
+        stale = name == host and pid.isdigit() and not pid_alive(int(pid))
         if everything or stale:
             with contextlib.suppress(Exception):
                 client.api.remove_container(cid, force=True)
