@@ -8,7 +8,8 @@ with 1, 8 and 32 concurrent callers. Modes: ``cold`` = a fresh sandbox + interpr
 pool), ``pooled run`` = ``sandbox.run`` with pre-warmed interpreters (one per run, discarded),
 ``session`` = consecutive runs in an open session (one session per concurrent caller).
 ``bwrap alone`` starts the local backend's own bubblewrap command line for a cold run directly
-(no launcher, no cgroup): the price of the isolation itself, the floor of ``local cold``.
+(no launcher, no cgroup; as a fresh uid when root, like the backend): the price of the isolation
+itself, the floor of ``local cold``.
 The machine may be shared and busy, so each row times bare ``python3 -c`` alternately with its
 latency runs (one bare run per run) and reports ``×bare`` against that floor.
 """
@@ -91,20 +92,28 @@ async def bare_run() -> None:
     await argv_run(["/usr/bin/python3", "-c", CODE])
 
 
-async def argv_run(argv: list[str], env: dict[str, str] | None = None) -> None:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=env)
+async def argv_run(argv: list[str], env: dict[str, str] | None = None, **kw: Any) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, env=env, **kw
+    )
     out, _ = await proc.communicate()
     assert out == b"1\n", out
 
 
 def bwrap_alone(sb: Any) -> RunFn:
-    """The local backend's own bwrap command line for a cold run, started directly: the cost of
-    the isolation itself (namespaces, mounts), without agentloop's launchers and limits."""
+    """The local backend's own bwrap command line for a cold run, started directly as a fresh
+    uid (as the backend does when root): the cost of the isolation itself (namespaces, mounts,
+    the unprivileged uid), without agentloop's launchers and limits."""
     from agentloop.sandboxes.bwrap import sandbox_env
 
     env = sandbox_env(sb.limits)
     argv = [*sb._bwrap_argv(), sb.python, "-c", CODE]
-    return lambda: argv_run(argv, env)
+
+    def as_fresh_uid() -> dict[str, Any]:
+        uid = sb._uid()
+        return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+    return lambda: argv_run(argv, env, **as_fresh_uid())
 
 
 def checked(run: Callable[[], Awaitable[Any]]) -> RunFn:
