@@ -144,7 +144,8 @@ async def test_cold_runs_in_both_languages_start_under_their_limits() -> None:
             "print(open('/proc/self/oom_score_adj').read().strip())"
         )
         assert py.stdout.split("\n")[:2] == [f"{(1 << 20,) * 2} (0, 0) (4, 5)", "1000"], py
-        sh = await sb.run("ulimit -f; ulimit -c; ulimit -t; cat /proc/self/oom_score_adj", language="bash")
+        script = "ulimit -f; ulimit -c; ulimit -t; cat /proc/self/oom_score_adj"
+        sh = await sb.run(script, language="bash")
         assert sh.stdout.split() == ["1024", "0", "4", "1000"], sh
 
 
