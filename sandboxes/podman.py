@@ -77,6 +77,7 @@ class PodmanService:
         log = open(self.workdir / "service.log", "wb")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             ["podman", "system", "service", "--time=0", self.url],
+            cwd=self.workdir,  # its helpers drop files in the cwd (conmon: `oom` on an OOM kill)
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
