@@ -34,8 +34,8 @@ __all__ = ["LaunchedProcess", "Launcher", "drop_launcher", "launcher_limits", "s
 log = logging.getLogger(__name__)
 _MSG = struct.Struct("=qq")  # (kind, value): kind 0 = started (pid; pidfd attached), 1 = exited
 # `python3 -S -c LAUNCHER_SOURCE FD`, FD = the request socket. For each request (JSON: argv, env,
-# uid, rlimits, target fds; the fds ride along as SCM_RIGHTS) it forks; the child places the fds,
-# marks itself first for the OOM killer, sets the rlimits, drops to the uid and execs; the
+# uid, rlimits, OOM score, target fds; the fds ride along as SCM_RIGHTS) it forks; the child places
+# the fds, sets the OOM score and the rlimits it was given, drops to the uid and execs; the
 # launcher sends the pid and a pidfd, waits, sends the status and reaps every orphan bwrap leaves.
 # Limits set before exec hold for bwrap and everything the sandboxed program starts.
 LAUNCHER_SOURCE = r"""
@@ -59,11 +59,12 @@ def child(req, fds):
             except OSError:
                 pass
     os.closerange(max(targets) + 1, 65536)
-    try:  # the OOM killer takes the sandbox, never the launcher in its cgroup
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
+    if req["oom_score_adj"] is not None:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(req["oom_score_adj"]))
+        except OSError:
+            pass
     for rlim, soft, hard in req["rlimits"]:
         resource.setrlimit(rlim, (soft, hard))
     uid = req["uid"]
@@ -233,16 +234,17 @@ class Launcher:
         fds: Mapping[int, int],
         stdin: bool,
         rlimits: Sequence[tuple[int, int, int]] = (),
+        oom_score_adj: int | None = None,
     ) -> LaunchedProcess:
-        """Start ``argv`` with ``fds`` ({target fd: our fd}), piped stdio and ``rlimits``
-        ((``resource.RLIMIT_*``, soft, hard) each) as uid ``uid``."""
+        """Start ``argv`` with ``fds`` ({target fd: our fd}), piped stdio, ``rlimits``
+        ((``resource.RLIMIT_*``, soft, hard) each) and ``oom_score_adj`` as uid ``uid``."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
         send = {0: in_r, 1: out_w, 2: err_w, **fds}
         req = {
             "argv": argv, "env": dict(env), "uid": uid, "targets": list(send),
-            "rlimits": [list(r) for r in rlimits],
+            "rlimits": [list(r) for r in rlimits], "oom_score_adj": oom_score_adj,
         }  # fmt: skip
         if self.running:
             raise SandboxError("this launcher is still running a sandbox")

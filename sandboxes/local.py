@@ -236,7 +236,8 @@ class LocalSandbox(KernelSandbox):
         oom_before = cg.oom_kills() if cg is not None else 0
         env = sandbox_env(self.limits)
         fd_map = {fd: fd for fd in fds}
-        proc = await slot.launch(argv, env, self._uid(), fd_map, bool(stdin), rlimits)
+        # the OOM killer takes the program, never the launcher in its cgroup
+        proc = await slot.launch(argv, env, self._uid(), fd_map, bool(stdin), rlimits, 1000)
         return await collect_process(
             proc,  # type: ignore[arg-type]  # the subset of Process it uses
             stdin=stdin,
