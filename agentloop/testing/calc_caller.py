@@ -68,10 +68,11 @@ def calc_caller_model_dir(
     a new one instead of reusing a model taught on another prompt."""
     from transformers import AutoTokenizer
 
-    from agentloop.envs import make
+    from agentloop.envs import ToolEnv, make
 
     base_dir = Path(base) if base is not None else tiny_model_dir()
     env = make(CALC_ENV)
+    assert isinstance(env, ToolEnv), f"{CALC_ENV} is a ToolEnv"
     builder = TokenBuilder(AutoTokenizer.from_pretrained(base_dir), tools=env.tool_schemas)
     first = env.tasks("train", 1)[0]
     key = json.dumps([_VERSION, dataclasses.asdict(config), builder.prompt_ids(env.prompt(first))])
