@@ -1,5 +1,8 @@
 """agentloop: agentic multi-turn RL for LLMs. Importing it stays light (no torch/vllm/ray)."""
 
+from typing import TYPE_CHECKING
+
+from agentloop._lazy import lazy_getattr
 from agentloop.errors import (
     AgentLoopError,
     ConfigError,
@@ -23,6 +26,24 @@ from agentloop.types import (
     Turn,
 )
 
+if TYPE_CHECKING:
+    from agentloop.chat import TokenBuilder
+    from agentloop.collect import collect, make_builder
+    from agentloop.engines.base import SamplingParams
+    from agentloop.rollout import RolloutConfig, rollout
+
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "RolloutConfig": "agentloop.rollout",
+        "SamplingParams": "agentloop.engines.base",
+        "TokenBuilder": "agentloop.chat",
+        "collect": "agentloop.collect",
+        "make_builder": "agentloop.collect",
+        "rollout": "agentloop.rollout",
+    },
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -33,10 +54,13 @@ __all__ = [
     "InferenceError",
     "Message",
     "RewardError",
+    "RolloutConfig",
+    "SamplingParams",
     "SandboxError",
     "StopReason",
     "Task",
     "TemplateError",
+    "TokenBuilder",
     "ToolCall",
     "ToolError",
     "ToolFatalError",
@@ -45,4 +69,7 @@ __all__ = [
     "TrajectoryGroup",
     "Turn",
     "__version__",
+    "collect",
+    "make_builder",
+    "rollout",
 ]

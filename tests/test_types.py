@@ -6,7 +6,6 @@ import pickle
 
 import pytest
 
-import agentloop
 from agentloop import errors
 from agentloop.types import Completion, Message, StopReason, Task, ToolCall, Trajectory
 
@@ -64,8 +63,3 @@ def test_errors_pickle_and_share_a_root() -> None:
 def test_stop_reason_error_flags() -> None:
     assert StopReason.ENGINE_ERROR.is_error and StopReason.TIMEOUT.is_error
     assert not StopReason.DONE.is_error and not StopReason.MAX_TOKENS.is_error
-
-
-def test_public_api_is_explicit() -> None:
-    for name in agentloop.__all__:
-        assert hasattr(agentloop, name), name
