@@ -2,7 +2,7 @@
 
 Every default lives once, in a dataclass: the rollout limits in :class:`RolloutConfig`, the
 optimiser and loss in :class:`WorkerConfig`, the vLLM settings in :class:`VLLMConfig` (the
-``engine`` section only overrides them), the rest here. :func:`load_config` merges a YAML file
+``engine`` section reads its defaults from there), the rest here. :func:`load_config` merges a YAML file
 and ``key=value`` overrides onto a schema and builds the frozen dataclasses, whose
 ``__post_init__`` checks name the field and the fix. It takes any dataclass schema, so the SFT
 recipe loads its own config with it.
@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentloop.engines.vllm import VLLMConfig, WeightTransport, check_settings
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig
 from agentloop.trainers.advantages import ADV_ESTIMATORS
+from agentloop.trainers.config_text import config_to_yaml
 from agentloop.trainers.losses import KL_KINDS
 from agentloop.trainers.worker import WorkerConfig
 
@@ -29,6 +31,7 @@ __all__ = [
     "BatchSizes",
     "CheckpointConfig",
     "DataConfig",
+    "EngineConfig",
     "LoggingConfig",
     "ModelConfig",
     "RayConfig",
@@ -275,17 +278,57 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """The ``engine`` section: the settings of each vLLM engine replica, :class:`VLLMConfig`
+    without ``model`` (the run's ``model.path``) and with VLLMConfig's defaults. Other
+    ``AsyncEngineArgs`` go in ``engine_args``. On a GPU the engine shares the device with the
+    trainer: lower ``gpu_memory_utilization`` (e.g. 0.4) to leave room."""
+
+    dtype: str = VLLMConfig.dtype
+    """Weight dtype of the engine (``auto``: the model's; ``float32`` for exact CPU runs)."""
+    max_model_len: int | None = None
+    """Longest sequence an engine holds; None: ``rollout.max_prompt_len + max_response_len``."""
+    max_num_seqs: int = VLLMConfig.max_num_seqs
+    """Sequences an engine schedules at once."""
+    seed: int | None = None
+    """The engine's sampling seed; None: ``trainer.seed``."""
+    kv_cache_memory_bytes: int | None = VLLMConfig.kv_cache_memory_bytes
+    """KV cache size in bytes; None: ``gpu_memory_utilization`` on a GPU, 1 GiB on a CPU."""
+    gpu_memory_utilization: float = VLLMConfig.gpu_memory_utilization
+    """Share of the GPU's memory the engine may take, in (0, 1]."""
+    tensor_parallel_size: int = VLLMConfig.tensor_parallel_size
+    """GPUs one engine replica spans."""
+    enforce_eager: bool = VLLMConfig.enforce_eager
+    """Skip CUDA graph capture (faster start, slower decode)."""
+    enable_prefix_caching: bool = VLLMConfig.enable_prefix_caching
+    """Reuse the KV cache of shared prefixes (the earlier turns of an episode)."""
+    enable_sleep_mode: bool | None = VLLMConfig.enable_sleep_mode
+    """Free the engine's GPU memory while the trainer runs; None: where the platform can."""
+    weight_transport: WeightTransport = VLLMConfig.weight_transport
+    """How weight updates reach the engine: ``auto``, ``file``, ``bytes`` or ``cuda_ipc``."""
+    shm_dir: str = VLLMConfig.shm_dir
+    """Directory of the ``file`` transport's weight file (shared memory)."""
+    shutdown_timeout_s: float = VLLMConfig.shutdown_timeout_s
+    """Seconds an engine may take to shut down before it is killed."""
+    weight_sync_timeout_s: float = VLLMConfig.weight_sync_timeout_s
+    """Seconds a weight reload may take before it fails."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self, "engine")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    """A whole GRPO/DAPO run; ``engine`` holds :class:`VLLMConfig` overrides (``model`` excluded;
-    ``max_model_len`` defaults to the prompt + response budget). On a GPU the engine shares the
-    device with the trainer: lower ``engine.gpu_memory_utilization`` (e.g. 0.4) to leave room."""
+    """A whole GRPO/DAPO run, one section per concern."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: WorkerConfig = field(default_factory=WorkerConfig)
-    engine: dict[str, Any] = field(default_factory=dict)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -322,7 +365,6 @@ class TrainConfig:
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
-        self._check_engine()
 
     def _mode_rules(self) -> list[tuple[bool, str]]:
         t, r = self.trainer, self.rollout
@@ -350,29 +392,21 @@ class TrainConfig:
              "rollout actors); local placement colocates the one engine"),
         ]  # fmt: skip
 
-    def _check_engine(self) -> None:
-        from agentloop.engines.vllm import VLLMConfig
-
-        known = {f.name for f in dataclasses.fields(VLLMConfig)} - {"model"}
-        if unknown := sorted(set(self.engine) - known):
-            raise ConfigError(
-                f"engine.{unknown[0]} is not a vLLM engine setting; known: {sorted(known)} "
-                "(other vLLM arguments go in engine.engine_args)"
-            )
-
     @property
     def needs_ref(self) -> bool:
         """A frozen reference model is loaded when KL is used, as a loss or as a reward term."""
         return self.actor.kl_coef > 0 or self.algorithm.use_kl_in_reward
 
     def engine_settings(self) -> dict[str, Any]:
-        """:class:`VLLMConfig` fields for each engine replica (everything but ``model``)."""
-        r = self.rollout
-        defaults = {
-            "max_model_len": r.max_prompt_len + r.max_response_len,
-            "seed": self.trainer.seed,
-        }
-        return {**defaults, **self.engine}
+        """:class:`VLLMConfig` fields for each engine replica (everything but ``model``), the
+        derived ones filled in."""
+        r, e = self.rollout, self.engine
+        settings = dataclasses.asdict(e)
+        if e.max_model_len is None:
+            settings["max_model_len"] = r.max_prompt_len + r.max_response_len
+        if e.seed is None:
+            settings["seed"] = self.trainer.seed
+        return settings
 
 
 @dataclass(frozen=True)
@@ -461,13 +495,6 @@ def load_config(
         raise ConfigError(
             f"config key {key}: {msg}; fix it in the YAML file or the key=value override"
         ) from None
-
-
-def config_to_yaml(cfg: Any) -> str:
-    """``cfg`` (a config dataclass) as YAML that :func:`load_config` reads back."""
-    from omegaconf import OmegaConf
-
-    return str(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
 def example_config(name: str) -> Path:
