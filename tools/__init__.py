@@ -1,6 +1,5 @@
 """Tools for agents: ``@tool``, schemas, tool-call parsers, per-episode sessions and dispatch."""
 
-from agentloop.tools.arith import python, safe_exec
 from agentloop.tools.context import ToolContext
 from agentloop.tools.parsers import (
     HermesParser,
@@ -25,9 +24,7 @@ __all__ = [
     "Toolset",
     "available_parsers",
     "get_parser",
-    "python",
     "register_parser",
-    "safe_exec",
     "tool",
     "truncate_to_tokens",
 ]

@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 
 from agentloop.errors import ToolError
-from agentloop.tools import Tool, ToolContext, python, tool
+from agentloop.tools import Tool, ToolContext, tool
 
 
 class Unit(enum.Enum):
@@ -314,7 +314,6 @@ def test_parameters_named_like_pydantic_attributes() -> None:
 
 
 def test_module_level_tools_pickle_by_reference() -> None:
-    assert pickle.loads(pickle.dumps(python)) is python
     assert pickle.loads(pickle.dumps(weather)) is weather
 
 
