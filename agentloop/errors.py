@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
     "AgentLoopError",
     "ConfigError",
@@ -13,6 +16,7 @@ __all__ = [
     "ToolError",
     "ToolFatalError",
     "TrajectoryError",
+    "did_you_mean",
 ]
 
 
@@ -59,3 +63,10 @@ class TemplateError(AgentLoopError):
 
 class TrajectoryError(AgentLoopError):
     """A trajectory violates an invariant (lengths, mask values, images)."""
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the choice closest to ``name``, else ``""``: the hint that every
+    unknown-name error (envs, tools, parsers, sandbox backends) appends after its first sentence."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

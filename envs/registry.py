@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import re
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop.envs.base import Env
-from agentloop.errors import EnvError
+from agentloop.errors import EnvError, did_you_mean
 
 __all__ = ["EnvSpec", "make", "register", "registered", "spec"]
 
@@ -66,10 +65,9 @@ def spec(id: str) -> EnvSpec:
     try:
         return _REGISTRY[id]
     except KeyError:
-        close = difflib.get_close_matches(id, list(_REGISTRY), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise EnvError(
-            f"no env registered as {id!r}.{hint} Registered: {sorted(_REGISTRY)}"
+            f"no env registered as {id!r}.{did_you_mean(id, _REGISTRY)} "
+            f"Registered: {sorted(_REGISTRY)}"
         ) from None
 
 

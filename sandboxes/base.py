@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import difflib
 import importlib
 import math
 import os
@@ -14,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
-from agentloop.errors import ConfigError, SandboxError
+from agentloop.errors import ConfigError, SandboxError, did_you_mean
 
 __all__ = [
     "LANGUAGES",
@@ -303,10 +302,9 @@ def make_sandbox(name: str, **kwargs: Any) -> Sandbox:
     """Build the backend registered as ``name`` with ``kwargs`` (e.g. ``limits=...``)."""
     entry = _REGISTRY.get(name)
     if entry is None:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
-            f"unknown sandbox backend {name!r}; {hint}registered: {available_sandboxes()}"
+            f"unknown sandbox backend {name!r}.{did_you_mean(name, _REGISTRY)} "
+            f"Registered: {available_sandboxes()}"
         )
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")

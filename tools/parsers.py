@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from agentloop.errors import ToolError
+from agentloop.errors import ToolError, did_you_mean
 from agentloop.types import ToolCall
 
 __all__ = [
@@ -65,10 +64,8 @@ def get_parser(name: str) -> ToolCallParser:
     """A new instance of the parser registered as ``name``."""
     factory = _PARSERS.get(name)
     if factory is None:
-        close = difflib.get_close_matches(name, _PARSERS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ToolError(
-            f"unknown tool-call parser {name!r}.{hint} Registered parsers: "
+            f"unknown tool-call parser {name!r}.{did_you_mean(name, _PARSERS)} Registered parsers: "
             f"{', '.join(available_parsers())}; add one with @register_parser(name)"
         )
     return factory()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import enum
 import json
 import logging
@@ -14,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop.errors import ToolError, ToolFatalError
+from agentloop.errors import ToolError, ToolFatalError, did_you_mean
 from agentloop.tools.context import ToolContext
 from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded, call_with_deadline
 from agentloop.tools.tool import Tool
@@ -119,10 +118,8 @@ class Toolset:
             raise ToolError(self.unknown_tool_message(name)) from None
 
     def unknown_tool_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, self._tools, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         available = ", ".join(self._tools) or "(none)"
-        return f"unknown tool {name!r}.{hint} Available tools: {available}."
+        return f"unknown tool {name!r}.{did_you_mean(name, self._tools)} Available tools: {available}."
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
