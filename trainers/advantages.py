@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -12,6 +13,7 @@ from agentloop.types import TrajectoryGroup
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "KlInReward",
     "compute_advantages",
     "kl_reward_penalty",
     "masked_whiten",
@@ -150,20 +152,39 @@ def compute_advantages(
     return scores_B[:, None] * m
 
 
+@dataclass(frozen=True)
+class KlInReward:
+    """verl's ``use_kl_in_reward``: each loss token's reward loses ``coef·KL(logprobs ‖ ref)``.
+
+    ``logprobs``/``ref_logprobs`` hold one ``[L_i]`` tensor per trajectory that
+    :func:`trajectory_advantages` returns (its ``keep``), in that order.
+    """
+
+    coef: float
+    kind: str
+    logprobs: Sequence[torch.Tensor]
+    ref_logprobs: Sequence[torch.Tensor]
+
+
 def trajectory_advantages(
     groups: Sequence[TrajectoryGroup],
     mode: str,
     *,
+    keep: Sequence[int] | None = None,
+    kl: KlInReward | None = None,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
     gamma: float = 1.0,
 ) -> list[torch.Tensor]:
-    """Per-token advantages ``[L_i]`` (float32) for every trajectory, groups in order.
+    """Per-token advantages ``[L_i]`` (float32) of trajectories ``keep`` (indices into the
+    groups' trajectories flattened in order; default all).
 
     Rewards are outcome rewards (``Trajectory.reward``) placed on the last loss token; positions
-    with ``loss_mask`` 0 (prompt, observations) get 0.
+    with ``loss_mask`` 0 (prompt, observations) get 0. Group statistics use every trajectory of a
+    group, kept or not (a failed one scores its reward, 0), as in verl.
     """
     trajs = [t for g in groups for t in g.trajectories]
+    rows = range(len(trajs)) if keep is None else keep
     if not trajs:
         return []
     width = max(len(t.token_ids) for t in trajs)
@@ -171,14 +192,23 @@ def trajectory_advantages(
     for i, t in enumerate(trajs):
         mask_BT[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
     rewards_B = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    token_rewards_BT = outcome_token_rewards(rewards_B, mask_BT)
+    if kl is not None:
+        lp_BT, ref_BT = torch.zeros_like(mask_BT), torch.zeros_like(mask_BT)
+        for j, i in enumerate(rows):
+            lp_BT[i, : len(kl.logprobs[j])] = kl.logprobs[j]
+            ref_BT[i, : len(kl.ref_logprobs[j])] = kl.ref_logprobs[j]
+        token_rewards_BT = kl_reward_penalty(
+            token_rewards_BT, lp_BT, ref_BT, mask_BT, kl.coef, kl.kind
+        )
     index = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
     adv = compute_advantages(
         mode,
-        outcome_token_rewards(rewards_B, mask_BT),
+        token_rewards_BT,
         mask_BT,
         index,
         norm_by_std=norm_by_std,
         epsilon=epsilon,
         gamma=gamma,
     )
-    return [adv[i, : len(t.token_ids)].clone() for i, t in enumerate(trajs)]
+    return [adv[i, : len(trajs[i].token_ids)].clone() for i in rows]

@@ -31,11 +31,7 @@ import torch
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import make
-from agentloop.trainers.advantages import (
-    compute_advantages,
-    kl_reward_penalty,
-    outcome_token_rewards,
-)
+from agentloop.trainers.advantages import KlInReward, trajectory_advantages
 from agentloop.trainers.checkpoint import latest_checkpoint
 from agentloop.trainers.config import (
     AlgorithmConfig,
@@ -55,9 +51,9 @@ from agentloop.trainers.rollouts import (
     make_source,
     version_metrics,
 )
-from agentloop.types import Trajectory, TrajectoryGroup
+from agentloop.types import TrajectoryGroup
 
-__all__ = ["StepInfo", "TrainResult", "batch_advantages", "train", "train_async"]
+__all__ = ["StepInfo", "TrainResult", "train", "train_async"]
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +206,6 @@ async def _step(
     metrics.update(rollout_metrics(groups))
     metrics.update(version_metrics(groups, step - 1))
     trajs = [t for g in groups for t in g.trajectories]
-    group_ids = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
     keep = [i for i, t in enumerate(trajs) if t.num_trained_tokens > 0]
     if not keep:
         log.warning("step %d: no trajectory has a trained token; skipping the update", step)
@@ -228,7 +223,7 @@ async def _step(
         with timer("ref"):
             ref = await group.compute_logprobs(seqs, ref=True)
     with timer("adv"):
-        adv = batch_advantages(cfg.algorithm, trajs, group_ids, keep, old, ref)
+        adv = _advantages(cfg.algorithm, groups, keep, old, ref)
     metrics.update(_adv_metrics(adv, seqs))
     seqs = [
         dataclasses.replace(
@@ -262,39 +257,28 @@ async def _push(run: _Run, step: int, timer: PhaseTimer) -> dict[str, float]:
     return metrics
 
 
-def batch_advantages(
+def _advantages(
     alg: AlgorithmConfig,
-    trajs: Sequence[Trajectory],
-    group_ids: Sequence[int],
+    groups: Sequence[TrajectoryGroup],
     keep: Sequence[int],
     old: Sequence[torch.Tensor],
     ref: Sequence[torch.Tensor] | None,
 ) -> list[torch.Tensor]:
-    """Per-token advantages ``[L]`` of ``trajs[i] for i in keep``.
-
-    Group statistics use every trajectory of a group (a failed one scores its reward, 0), as in
-    verl. With ``use_kl_in_reward`` the token rewards first lose ``coef·KL(old ‖ ref)`` on
-    each trained token (``old``/``ref`` are aligned with ``keep``).
-    """
-    width = max(1, *(len(t.token_ids) for t in trajs))
-    mask = torch.zeros(len(trajs), width)
-    for i, t in enumerate(trajs):
-        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-    token_rewards = outcome_token_rewards(torch.tensor([t.reward for t in trajs]), mask)
+    """The library estimator with the run's settings; ``old``/``ref`` are aligned with ``keep``."""
+    kl = None
     if alg.use_kl_in_reward:
         if ref is None:
             raise ValueError("use_kl_in_reward needs reference logprobs")
-        lp, ref_lp = torch.zeros_like(mask), torch.zeros_like(mask)
-        for j, i in enumerate(keep):
-            lp[i, : len(old[j])], ref_lp[i, : len(ref[j])] = old[j], ref[j]
-        token_rewards = kl_reward_penalty(
-            token_rewards, lp, ref_lp, mask, alg.kl_reward_coef, alg.kl_reward_type
-        )
-    adv = compute_advantages(
-        alg.adv_estimator, token_rewards, mask, list(group_ids),
-        norm_by_std=alg.norm_by_std, epsilon=alg.epsilon, gamma=alg.gamma,
-    )  # fmt: skip
-    return [adv[i, : len(trajs[i].token_ids)].clone() for i in keep]
+        kl = KlInReward(alg.kl_reward_coef, alg.kl_reward_type, old, ref)
+    return trajectory_advantages(
+        groups,
+        alg.adv_estimator,
+        keep=keep,
+        kl=kl,
+        norm_by_std=alg.norm_by_std,
+        epsilon=alg.epsilon,
+        gamma=alg.gamma,
+    )
 
 
 def _adv_metrics(adv: Sequence[torch.Tensor], seqs: Sequence[TrainSeq]) -> dict[str, float]:

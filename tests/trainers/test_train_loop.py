@@ -20,10 +20,10 @@ import torch
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.fake import FakeEngine
 from agentloop.envs.calc import make_calc_task
-from agentloop.trainers.config import AlgorithmConfig, TrainConfig, load_config
+from agentloop.trainers.config import TrainConfig, load_config
 from agentloop.trainers.data import PromptSampler, read_step_groups, write_step_groups
 from agentloop.trainers.group import shard_indices
-from agentloop.trainers.grpo import StepInfo, batch_advantages, train_async
+from agentloop.trainers.grpo import StepInfo, train_async
 from agentloop.trainers.metrics import mismatch_metrics, read_metrics, rollout_metrics
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
 
@@ -132,31 +132,6 @@ def test_rollout_and_mismatch_metrics_by_hand() -> None:
     assert mm["mismatch/abs_diff_max"] == pytest.approx(1.0)
     assert mm["mismatch/tis_weight_max"] == pytest.approx(math.e)
     assert mm["mismatch/tis_capped_frac"] == pytest.approx(0.5)
-
-
-def test_batch_advantages_use_whole_groups_and_kl_in_reward() -> None:
-    trajs = [
-        _traj("a", 0, 1.0, [0, 0, 1, 1]),
-        _traj("a", 1, 0.0, [0, 0, 1]),
-        _traj("a", 2, 0.0, [0, 0, 0], stop=StopReason.TIMEOUT),  # nothing to train, still scored
-        _traj("b", 0, 2.0, [0, 0, 1]),  # a group of one: mean 0, std 1
-    ]
-    keep = [0, 1, 3]
-    old = [torch.zeros(len(trajs[i].token_ids)) for i in keep]
-    adv = batch_advantages(AlgorithmConfig(), trajs, [0, 0, 0, 1], keep, old, None)
-    std = torch.tensor([1.0, 0.0, 0.0]).std().item()  # unbiased, as verl
-    assert adv[0].tolist() == pytest.approx(
-        [0, 0, (2 / 3) / (std + 1e-6)] * 1 + [(2 / 3) / (std + 1e-6)]
-    )
-    assert adv[1][2].item() == pytest.approx((-1 / 3) / (std + 1e-6))
-    assert adv[2].tolist() == pytest.approx([0.0, 0.0, 2.0 / (1 + 1e-6)])
-    # KL in the reward: ref logprobs 1 below old on trained tokens, kl = old - ref = 1 per token
-    alg = AlgorithmConfig(use_kl_in_reward=True, kl_reward_coef=0.5, norm_by_std=False)
-    ref = [o - 1.0 for o in old]
-    adv_kl = batch_advantages(alg, trajs, [0, 0, 0, 1], keep, old, ref)
-    scores = torch.tensor([1.0 - 0.5 * 2, 0.0 - 0.5 * 1, 0.0])  # group a: rewards minus 0.5·tokens
-    assert adv_kl[0][-1].item() == pytest.approx((scores[0] - scores.mean()).item())
-    assert adv_kl[2][-1].item() == pytest.approx(2.0 - 0.5)
 
 
 def test_shards_cover_every_sequence_once() -> None:

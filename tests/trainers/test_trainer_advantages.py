@@ -9,6 +9,7 @@ import torch
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.advantages import (
+    KlInReward,
     compute_advantages,
     kl_reward_penalty,
     masked_whiten,
@@ -107,7 +108,9 @@ def test_unknown_estimator_names_the_choices() -> None:
         _adv("gae")
 
 
-def _traj(task: str, i: int, mask: tuple[int, ...], reward: float) -> Trajectory:
+def _traj(
+    task: str, i: int, mask: tuple[int, ...], reward: float, stop: StopReason = StopReason.DONE
+) -> Trajectory:
     return Trajectory(
         task_id=task,
         token_ids=tuple(range(len(mask))),
@@ -115,7 +118,7 @@ def _traj(task: str, i: int, mask: tuple[int, ...], reward: float) -> Trajectory
         logprobs=tuple(-0.5 * m for m in mask),
         prompt_len=2,
         reward=reward,
-        stop_reason=StopReason.DONE,
+        stop_reason=stop,
         sample_index=i,
     )
 
@@ -133,3 +136,30 @@ def test_trajectory_advantages_from_groups() -> None:
         [0.0, 0.0, -0.5, 0.0, -0.5],
         [0.0, 0.0, 3.0],
     ]
+
+
+def test_kept_trajectories_use_whole_groups_and_kl_in_reward() -> None:
+    group_a = TrajectoryGroup(
+        task=Task(id="a"),
+        trajectories=(
+            _traj("a", 0, (0, 0, 1, 1), 1.0),
+            _traj("a", 1, (0, 0, 1), 0.0),
+            _traj("a", 2, (0, 0, 0), 0.0, StopReason.TIMEOUT),  # nothing to train, still scored
+        ),
+    )
+    group_b = TrajectoryGroup(task=Task(id="b"), trajectories=(_traj("b", 0, (0, 0, 1), 2.0),))
+    groups, keep = [group_a, group_b], [0, 1, 3]
+    adv = trajectory_advantages(groups, "grpo", keep=keep)
+    std = torch.tensor([1.0, 0.0, 0.0]).std().item()  # unbiased, as verl
+    assert adv[0].tolist() == pytest.approx([0, 0, (2 / 3) / (std + 1e-6), (2 / 3) / (std + 1e-6)])
+    assert adv[1][2].item() == pytest.approx((-1 / 3) / (std + 1e-6))
+    assert adv[2].tolist() == pytest.approx([0.0, 0.0, 2.0 / (1 + 1e-6)])  # a group of one
+    # KL in the reward: ref logprobs 1 below old on trained tokens, kl = old - ref = 1 per token
+    old = [
+        torch.zeros(len(t.token_ids)) for t in (*group_a.trajectories[:2], *group_b.trajectories)
+    ]
+    kl = KlInReward(coef=0.5, kind="kl", logprobs=old, ref_logprobs=[o - 1.0 for o in old])
+    adv_kl = trajectory_advantages(groups, "grpo", keep=keep, kl=kl, norm_by_std=False)
+    scores = torch.tensor([1.0 - 0.5 * 2, 0.0 - 0.5 * 1, 0.0])  # group a: rewards minus 0.5·tokens
+    assert adv_kl[0][-1].item() == pytest.approx((scores[0] - scores.mean()).item())
+    assert adv_kl[2][-1].item() == pytest.approx(2.0 - 0.5)
