@@ -16,7 +16,7 @@ from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
 
-__all__ = ["collect", "episode_seed", "make_builder"]
+__all__ = ["collect", "make_builder", "stable_seed"]
 
 EnvFactory = Callable[[], Env]
 _YOUNG_GC_EVERY = 10_000
@@ -28,9 +28,12 @@ def make_builder(tokenizer: Any, env_id: str, **env_kwargs: Any) -> TokenBuilder
     return TokenBuilder(tokenizer, tools=make(env_id, **env_kwargs).tool_schemas)
 
 
-def episode_seed(seed: int, task_id: str, sample_index: int) -> int:
-    """A stable 31-bit seed per (run seed, task, sample): group samples differ, reruns match."""
-    digest = hashlib.blake2b(f"{seed}/{task_id}/{sample_index}".encode(), digest_size=8).digest()
+def stable_seed(*parts: object) -> int:
+    """A 31-bit seed hashed from ``parts``, e.g. (run seed, task id, sample index): different
+    parts give unrelated seeds, the same parts give the same seed in every process and rerun
+    (unlike ``hash``, which is salted per process)."""
+    key = "/".join(str(part) for part in parts)
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
@@ -93,7 +96,7 @@ async def _safe_rollout(
         env = factory()
         return await rollout(
             env, engine, builder, task, config,
-            sample_index=index, seed=episode_seed(seed, task.id, index),
+            sample_index=index, seed=stable_seed(seed, task.id, index),
         )  # fmt: skip
     except Exception as exc:
         return Trajectory(

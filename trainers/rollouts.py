@@ -20,14 +20,13 @@ running tasks.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentloop.chat import TokenBuilder
-from agentloop.collect import collect
+from agentloop.collect import collect, stable_seed
 from agentloop.engines.base import Engine, SamplingParams
 from agentloop.errors import AgentLoopError
 from agentloop.trainers.config import TrainConfig
@@ -42,7 +41,6 @@ __all__ = [
     "GenContext",
     "generate_batch",
     "make_source",
-    "round_seed",
     "version_metrics",
 ]
 
@@ -73,12 +71,6 @@ class BatchSource(Protocol):
     async def aclose(self) -> None: ...
 
 
-def round_seed(seed: int, step: int, round_: int) -> int:
-    """A stable sampling seed per (run seed, step, generation round)."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{round_}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
 async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[TrajectoryGroup]:
     cfg, alg = ctx.cfg, ctx.cfg.algorithm
     assert ctx.engine is not None
@@ -106,7 +98,7 @@ async def generate_batch(ctx: GenContext, step: int) -> Batch:
     while True:
         rounds += 1
         tasks = ctx.sampler.next_batch(cfg.trainer.prompts_per_step)
-        groups = await _play(ctx, tasks, round_seed(cfg.trainer.seed, step, rounds))
+        groups = await _play(ctx, tasks, stable_seed(cfg.trainer.seed, step, rounds))
         sampled_tokens += sum(t.num_trained_tokens for g in groups for t in g.trajectories)
         if not alg.dynamic_sampling:
             batch: list[TrajectoryGroup] | None = groups
@@ -199,7 +191,7 @@ class _AsyncSource(_SyncSource):
             self.stream.load_state_dict(dict(state))
 
     async def _play_group(self, task: Task, index: int) -> TrajectoryGroup:
-        seed = round_seed(self.ctx.cfg.trainer.seed, -1, index)
+        seed = stable_seed(self.ctx.cfg.trainer.seed, -1, index)
         return (await _play(self.ctx, [task], seed))[0]
 
     async def next_batch(self, step: int) -> Batch:
