@@ -103,10 +103,12 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
-        help="overrides of recipes/tiny_retool/{demo,sft,grpo}.yaml, e.g. demo.out_dir=runs/d2 "
+        help="overrides of the recipe's {demo,sft,grpo}.yaml, e.g. demo.out_dir=runs/d2 "
         "sft.trainer.max_steps=300 grpo.trainer.total_steps=20",
     )  # fmt: skip
-    parser.add_argument("--recipe", default=None, help="recipe dir (default: recipes/tiny_retool)")
+    parser.add_argument(
+        "--recipe", default=None, help="recipe dir (default: the shipped tiny_retool recipe)"
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -313,6 +315,23 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_doctor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated checks to run (python, torch, vllm, ray, sandbox, cgroups, "
+        "containers, tiny-model; default: all)",
+    )
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from agentloop.doctor import CHECKS, run_doctor
+
+    names = args.only.split(",") if args.only else list(CHECKS)
+    return run_doctor([name.strip() for name in names])
+
+
 _COMMANDS: tuple[_Command, ...] = (
     _Command(
         "train",
@@ -367,6 +386,12 @@ _COMMANDS: tuple[_Command, ...] = (
         "generate the tiny Qwen2-architecture model and tokenizer used by tests and the demo",
         _add_make_tiny_model,
         _cmd_make_tiny_model,
+    ),
+    _Command(
+        "doctor",
+        "check this machine for what runs need (torch, vLLM, sandbox, cgroups, ...) with fixes",
+        _add_doctor,
+        _cmd_doctor,
     ),
 )
 
