@@ -43,6 +43,8 @@ def test_the_wheel_holds_every_layer_and_its_data(tmp_path: Path) -> None:
         prefix = "agentloop/" if folder == "agentloop" else f"agentloop/{folder}/"
         assert f"{prefix}__init__.py" in names, f"the wheel lacks {prefix}"
     assert {"agentloop/py.typed", "agentloop/trainers/configs/grpo_calc_tiny.yaml"} <= names
+    demo = {f"agentloop/trainers/configs/tiny_retool/{n}.yaml" for n in ("demo", "sft", "grpo")}
+    assert demo <= names, "agentloop demo reads its recipe from the package"
 
 
 def test_a_plain_checkout_imports_every_layer(tmp_path: Path) -> None:

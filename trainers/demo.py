@@ -6,8 +6,9 @@ cold-start SFT (the model learns the format and to copy numbers, imperfectly) �
 rollouts with the sandboxed tool, whose validation plays the held-out tasks with the eval loop
 before the first step (the SFT checkpoint) and after the last (the RL checkpoint) → the paired
 ``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the trajectory viewer (HTML)
-and a final report. The three configs live in ``recipes/tiny_retool/`` (``demo.yaml``,
-``sft.yaml``, ``grpo.yaml``); ``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key.
+and a final report. The three configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) ship with the
+package in ``trainers/configs/tiny_retool/`` (``recipes/tiny_retool/`` links to them);
+``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-#: The shipped recipe (a source checkout: ``make demo`` runs from one).
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes" / "tiny_retool"
+#: The shipped recipe: package data, so a wheel has it too.
+RECIPE_DIR = Path(__file__).resolve().parent / "configs" / "tiny_retool"
 _SECTIONS = ("demo", "sft", "grpo")
 
 
@@ -115,8 +116,8 @@ def load_demo_configs(
     root = Path(recipe_dir) if recipe_dir is not None else RECIPE_DIR
     if not (root / "grpo.yaml").is_file():
         raise ConfigError(
-            f"the demo recipe is not in {root} (demo.yaml, sft.yaml, grpo.yaml); run from a source "
-            "checkout (make demo), or pass --recipe DIR"
+            f"the demo recipe is not in {root} (demo.yaml, sft.yaml, grpo.yaml); pass --recipe "
+            f"DIR with those three files (the shipped ones are in {RECIPE_DIR})"
         )
     parts = _split_overrides(overrides)
     demo = load_config(DemoConfig, root / "demo.yaml", parts["demo"])
