@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agentloop.errors import ConfigError, SandboxError
@@ -16,9 +16,17 @@ from agentloop.errors import ConfigError, SandboxError
 from .base import ExecResult, SandboxLimits, pid_alive
 from .bwrap import sandbox_env
 from .pool import KernelSandbox
-from .protocol import KERNEL_SOURCE, StreamKernel, new_sentinel
+from .protocol import KERNEL_SOURCE, SectionBuffer, StreamKernel, new_sentinel
 
-__all__ = ["DEFAULT_IMAGE", "LABEL", "DockerSandbox", "reap_containers", "sandbox_containers"]
+__all__ = [
+    "DEFAULT_IMAGE",
+    "LABEL",
+    "DockerKernel",
+    "DockerSandbox",
+    "FrameSplitter",
+    "reap_containers",
+    "sandbox_containers",
+]
 
 #: Built locally from the host's Python by ``agentloop.sandboxes.podman.ensure_python_image``.
 DEFAULT_IMAGE = "agentloop-sandbox-python:latest"
@@ -26,6 +34,7 @@ LABEL = "agentloop.sandbox"
 _OWNER = "agentloop.owner"
 _START_TIMEOUT_S = 60.0
 _HEADER = struct.Struct(">BxxxI")
+_RECV_BYTES = 1 << 16
 
 
 def _owner() -> str:
@@ -58,17 +67,48 @@ def sandbox_containers(client: Any) -> list[tuple[str, dict[str, str]]]:
     return [(c["Id"], dict(c.get("Labels") or {})) for c in found]
 
 
+class FrameSplitter:
+    """Splits the engine's multiplexed attach stream (frames: an 8-byte header with the stream
+    number and payload size, then the payload) into ``(stream, bytes)`` pieces as bytes arrive,
+    holding back at most a partial header: a frame is never assembled whole."""
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._stream = 0
+        self._left = 0  # payload bytes of the current frame still to come
+
+    def split(self, data: bytes) -> Iterator[tuple[int, bytes]]:
+        pos = 0
+        while pos < len(data):
+            if self._left == 0:
+                take = _HEADER.size - len(self._head)
+                self._head += data[pos : pos + take]
+                pos += take
+                if len(self._head) == _HEADER.size:
+                    self._stream, self._left = _HEADER.unpack(self._head)
+                    self._head = b""
+                continue
+            piece = data[pos : pos + self._left]
+            pos += len(piece)
+            self._left -= len(piece)
+            yield self._stream, piece
+
+
 class DockerKernel(StreamKernel):
     """A kernel that is a container's main process, reached over its attach socket.
 
     The container has ``StdinOnce``: when this client disconnects (or crashes), the kernel reads
-    EOF, exits, and the engine auto-removes the container.
+    EOF, exits, and the engine auto-removes the container. The socket is drained as fast as it
+    fills, into :class:`SectionBuffer` s that keep at most ``cap`` bytes per section, so the
+    host's memory stays bounded whatever the container writes, during a run or after it.
     """
 
     def __init__(self, client: Any, cid: str, sock: Any, sentinel: str, cap: int) -> None:
         self._loop = asyncio.get_running_loop()
-        stdout, stderr = asyncio.StreamReader(), asyncio.StreamReader()
-        super().__init__(stdout, stderr, sentinel, cap)
+        mark = sentinel.encode()
+        stdout = SectionBuffer(mark, cap)
+        stderr = SectionBuffer(mark, cap, status_line=True)
+        super().__init__(stdout, stderr, cap)
         self.client = client
         self.id = cid
         self._io = sock
@@ -78,29 +118,19 @@ class DockerKernel(StreamKernel):
         self._pump = self._loop.create_task(self._demux())
         self._closed = False
 
-    async def _recv_exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = await self._loop.sock_recv(self._raw, n - len(buf))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        return buf
-
     async def _demux(self) -> None:
-        """Split the engine's multiplexed stream (8-byte frame headers) into stdout/stderr."""
+        """Feed each frame's bytes to its stream until the socket closes (or close() cancels)."""
+        frames = FrameSplitter()
         try:
-            while True:
-                kind, size = _HEADER.unpack(await self._recv_exact(_HEADER.size))
-                data = await self._recv_exact(size)
-                stream = self._streams.get(kind)
-                if stream is not None:
-                    stream.feed_data(data)
-        except (EOFError, OSError):
+            while chunk := await self._loop.sock_recv(self._raw, _RECV_BYTES):
+                for stream, piece in frames.split(chunk):
+                    if (sections := self._streams.get(stream)) is not None:
+                        sections.feed(piece)
+        except OSError:
             pass
         finally:
-            for stream in self._streams.values():
-                stream.feed_eof()
+            for sections in self._streams.values():
+                sections.feed_eof()
 
     async def _send(self, data: bytes) -> None:
         await self._loop.sock_sendall(self._raw, data)
@@ -240,19 +270,28 @@ class DockerSandbox(KernelSandbox):
 
     async def _spawn_kernel(self) -> DockerKernel:
         sentinel = new_sentinel()
+        made = asyncio.ensure_future(asyncio.to_thread(self._create, sentinel))
         try:
-            cid, sock = await asyncio.to_thread(self._create, sentinel)
+            cid, sock = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            # the thread goes on creating it (e.g. a pool refill cancelled by close()): remove
+            # what it makes, or the container lives until its socket happens to be collected
+            await asyncio.shield(self._discard_made(made))
+            raise
         except Exception as exc:
             raise SandboxError(
                 f"could not start a sandbox container from {self.image}: {exc}"
             ) from None
         kernel = DockerKernel(self.client, cid, sock, sentinel, self.limits.max_output_bytes)
-        try:
-            await kernel.handshake(_START_TIMEOUT_S)
-        except BaseException:
-            await asyncio.shield(kernel.close())
-            raise
+        await kernel.handshake(_START_TIMEOUT_S)  # closes the kernel if it does not start
         return kernel
+
+    async def _discard_made(self, made: asyncio.Future[tuple[str, Any]]) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_START_TIMEOUT_S):
+                cid, sock = await made
+            sock.close()
+            await asyncio.to_thread(self.client.api.remove_container, cid, force=True)
 
     async def run(
         self,

@@ -160,11 +160,7 @@ class LocalSandbox(KernelSandbox):
             cgroup=slot.cgroup,
             on_close=release,
         )
-        try:
-            await kernel.handshake(_START_TIMEOUT_S)
-        except BaseException:
-            await asyncio.shield(kernel.close())
-            raise
+        await kernel.handshake(_START_TIMEOUT_S)  # closes the kernel if it does not start
         return kernel
 
     async def _cold_run(

@@ -13,7 +13,7 @@ from agentloop.errors import SandboxError
 
 from .base import ExecResult
 from .cgroups import Cgroup
-from .protocol import Capture, StreamKernel
+from .protocol import Capture, SectionReader, StreamKernel
 
 __all__ = ["ProcessKernel", "collect_process", "exit_status"]
 
@@ -46,7 +46,9 @@ class ProcessKernel(StreamKernel):
         on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        super().__init__(proc.stdout, proc.stderr, sentinel, max_output_bytes)
+        mark = sentinel.encode()
+        stdout, stderr = SectionReader(proc.stdout, mark), SectionReader(proc.stderr, mark)
+        super().__init__(stdout, stderr, max_output_bytes)
         self.proc = proc
         self.cgroup = cgroup
         self._kill = kill

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import secrets
 import struct
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentloop.errors import SandboxError
 
@@ -18,7 +19,9 @@ from .base import ExecResult, encode_files
 __all__ = [
     "KERNEL_SOURCE",
     "Capture",
+    "SectionBuffer",
     "SectionReader",
+    "Sections",
     "StreamKernel",
     "killed_notice",
     "new_sentinel",
@@ -29,6 +32,7 @@ KERNEL_SOURCE = (Path(__file__).parent / "kernel.py").read_text()
 
 _CHUNK = 1 << 16
 _MAX_SECTIONS = 4  # stale sections (a death between runs, a restarted worker) are skipped
+_MAX_LINE = 1 << 16  # a status line longer than this is cut (and then fails to parse)
 
 
 def new_sentinel() -> str:
@@ -58,6 +62,11 @@ class Capture:
             self.data += chunk[:room]
         self.total += len(chunk)
 
+    def extend(self, other: Capture) -> None:
+        """Append what ``other`` kept and count what it dropped."""
+        self.add(other.data)
+        self.total += other.total - len(other.data)
+
     @property
     def truncated(self) -> bool:
         return self.total > self.cap
@@ -66,16 +75,30 @@ class Capture:
         return self.data.decode("utf-8", "replace")
 
 
-class SectionReader:
-    """Reads one stream section by section; bytes after a sentinel wait for the next read."""
+class Sections(Protocol):
+    """One output stream of a kernel, read section by section (each ends with the sentinel)."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    async def section(self, sink: Capture) -> bool:
+        """Move the next section into ``sink``; False if the stream ended first."""
+        ...
+
+    async def line(self) -> bytes:
+        """The status line after the sentinel just read (stderr)."""
+        ...
+
+
+class SectionReader:
+    """Sections pulled from a pipe as they are read: bytes after a sentinel wait for the next
+    read, and what nobody reads stays in the pipe (the writer blocks: bounded backpressure)."""
+
+    def __init__(self, reader: asyncio.StreamReader, sentinel: bytes) -> None:
         self.reader = reader
+        self._sentinel = sentinel
         self._pending = b""
 
-    async def section(self, sentinel: bytes, sink: Capture) -> bool:
-        """Move bytes into ``sink`` up to ``sentinel``; False if the stream ended first."""
+    async def section(self, sink: Capture) -> bool:
         buf, self._pending = self._pending, b""
+        sentinel = self._sentinel
         keep_max = len(sentinel) - 1
         while True:
             idx = buf.find(sentinel)
@@ -92,35 +115,99 @@ class SectionReader:
                 return False
             buf += chunk
 
-    async def line(self, limit: int = 1 << 16) -> bytes:
-        """The next line (without the newline); empty at end of stream."""
+    async def line(self) -> bytes:
         buf, self._pending = self._pending, b""
         while b"\n" not in buf:
             chunk = await self.reader.read(_CHUNK)
-            if not chunk or len(buf) > limit:
+            if not chunk or len(buf) > _MAX_LINE:
                 return b""
             buf += chunk
         line, _, self._pending = buf.partition(b"\n")
         return line
 
 
+class SectionBuffer:
+    """Sections split on the way in, for a transport that must be drained as it fills (one
+    socket carrying both streams cannot hold one back for the other).
+
+    :meth:`feed` takes bytes as they arrive; each section keeps its first ``cap`` bytes and counts
+    the rest, and at most ``_MAX_SECTIONS`` finished sections wait to be read (the oldest go
+    first), so memory stays bounded however much the sandbox writes, during a run or after it,
+    read or not. With ``status_line``, one line after each sentinel belongs to the section it
+    ends (the kernel's stderr).
+    """
+
+    def __init__(self, sentinel: bytes, cap: int, *, status_line: bool = False) -> None:
+        self._sentinel, self._cap, self._status_line = sentinel, cap, status_line
+        self._current = Capture(cap)
+        self._tail = b""  # the last bytes fed, which may be the start of a sentinel
+        self._line: bytearray | None = None  # the status line being read
+        self._done: collections.deque[tuple[Capture, bytes]] = collections.deque(
+            maxlen=_MAX_SECTIONS
+        )
+        self._last_line = b""
+        self._eof = False
+        self._wake = asyncio.Event()
+
+    def feed(self, data: bytes) -> None:
+        buf, self._tail = self._tail + data, b""
+        while buf:
+            if self._line is not None:
+                head, newline, buf = buf.partition(b"\n")
+                self._line += head[: _MAX_LINE - len(self._line)]
+                if newline:
+                    self._finish(bytes(self._line))
+                continue
+            idx = buf.find(self._sentinel)
+            if idx < 0:
+                keep = min(len(buf), len(self._sentinel) - 1)
+                self._current.add(buf[: len(buf) - keep])
+                self._tail = buf[len(buf) - keep :]
+                return
+            self._current.add(buf[:idx])
+            buf = buf[idx + len(self._sentinel) :]
+            if self._status_line:
+                self._line = bytearray()
+            else:
+                self._finish(b"")
+
+    def _finish(self, line: bytes) -> None:
+        self._done.append((self._current, line))
+        self._current, self._line = Capture(self._cap), None
+        self._wake.set()
+
+    def feed_eof(self) -> None:
+        self._current.add(self._tail)
+        self._tail, self._eof = b"", True
+        self._wake.set()
+
+    async def section(self, sink: Capture) -> bool:
+        while not (self._done or self._eof):
+            self._wake.clear()
+            await self._wake.wait()
+        if self._done:
+            capture, self._last_line = self._done.popleft()
+            sink.extend(capture)
+            return True
+        sink.extend(self._current)  # what came before the end, with no sentinel
+        self._current = Capture(self._cap)
+        return False
+
+    async def line(self) -> bytes:
+        return self._last_line
+
+
 class StreamKernel:
-    """A running kernel reached through stdin/stdout/stderr streams (process or container).
+    """A running kernel reached through its stdout/stderr sections and stdin (process or
+    container).
 
     Subclasses provide the transport: :meth:`_send`, :meth:`kill`, :meth:`exit_code`, and
     optionally :meth:`oom_events` (a host-side OOM-kill counter, e.g. a memory cgroup's).
     """
 
-    def __init__(
-        self,
-        stdout: asyncio.StreamReader,
-        stderr: asyncio.StreamReader,
-        sentinel: str,
-        max_output_bytes: int,
-    ) -> None:
-        self._out = SectionReader(stdout)
-        self._err = SectionReader(stderr)
-        self._sentinel = sentinel.encode()
+    def __init__(self, stdout: Sections, stderr: Sections, max_output_bytes: int) -> None:
+        self._out = stdout
+        self._err = stderr
         self._cap = max_output_bytes
         self._seq = 0
         self.alive = True
@@ -145,9 +232,7 @@ class StreamKernel:
         await self.kill()
 
     async def _read_info(self, out: Capture, err: Capture) -> dict[str, Any] | None:
-        found_out, found_err = await asyncio.gather(
-            self._out.section(self._sentinel, out), self._err.section(self._sentinel, err)
-        )
+        found_out, found_err = await asyncio.gather(self._out.section(out), self._err.section(err))
         if not (found_out and found_err):
             return None
         line = await self._err.line()
@@ -158,7 +243,15 @@ class StreamKernel:
         return info if isinstance(info, dict) else None
 
     async def handshake(self, timeout_s: float) -> None:
-        """Wait for the kernel's ready section; raise SandboxError with its stderr if it fails."""
+        """Wait for the kernel's ready section. If it does not come (or the wait is cancelled),
+        close the kernel; raise SandboxError with its output."""
+        try:
+            await self._ready(timeout_s)
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+
+    async def _ready(self, timeout_s: float) -> None:
         out, err = Capture(self._cap), Capture(self._cap)
         try:
             async with asyncio.timeout(timeout_s):
@@ -166,8 +259,6 @@ class StreamKernel:
         except TimeoutError:
             info = None
         if not info or not info.get("ready"):
-            self.alive = False
-            await self.kill()
             raise SandboxError(
                 f"the sandbox kernel did not start within {timeout_s:.0f}s; its output: "
                 f"{(err.text() or out.text()).strip()[-2000:]!r}"

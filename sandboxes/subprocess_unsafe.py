@@ -93,11 +93,7 @@ class UnsafeSubprocessSandbox(KernelSandbox):
         kernel = ProcessKernel(
             proc, sentinel, self.limits.max_output_bytes, kill=kill, on_close=remove_workdir
         )
-        try:
-            await kernel.handshake(_START_TIMEOUT_S)
-        except BaseException:
-            await asyncio.shield(kernel.close())
-            raise
+        await kernel.handshake(_START_TIMEOUT_S)  # closes the kernel if it does not start
         return kernel
 
     async def _cold_run(

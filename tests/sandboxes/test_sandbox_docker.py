@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -57,3 +59,52 @@ async def test_missing_image_and_engine_fail_clearly(podman: Any) -> None:
     with pytest.raises(SandboxError, match="cannot reach a Docker engine"):
         async with make_sandbox("docker", base_url="unix:///nonexistent/docker.sock"):
             pass
+
+
+_WRITE_AFTER_THE_RUN = """
+import os, threading
+def write():
+    chunk = b"z" * (1 << 20)
+    for _ in range(200):
+        os.write(1, chunk)
+    open("/sandbox/written", "w").close()
+threading.Thread(target=write, daemon=True).start()
+"""
+
+
+async def _until_exists(client: Any, cid: str, path: str, timeout_s: float) -> None:
+    import docker
+
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                await asyncio.to_thread(client.api.get_archive, cid, path)
+                return
+            except docker.errors.NotFound:
+                await asyncio.sleep(0.1)
+
+
+async def test_output_written_after_a_run_ended_is_dropped_not_held(podman: Any) -> None:
+    """A session's thread writes 200 MB after its run ended: the host drains the attach socket
+    and keeps at most the output cap of it (issue 21: it used to hold all of it)."""
+    client = podman.client()
+    limits = SUITE_LIMITS
+    async with (
+        make_sandbox("docker", client=client, limits=limits, pool_size=0) as sb,
+        sb.session() as s,
+    ):
+        assert (await s.run("print('warm')")).stdout == "warm\n"
+        (cid, _), *others = ours(client)
+        assert others == []
+        tracemalloc.start()
+        try:
+            assert (await s.run(_WRITE_AFTER_THE_RUN)).ok
+            await _until_exists(client, cid, "/sandbox/written", 120)
+            after = await s.run("import sys; print('next run', file=sys.stderr)")
+            peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+        finally:
+            tracemalloc.stop()
+    # the next run's stdout section starts with the thread's leftovers: cut at the cap
+    assert after.ok and after.stderr == "next run\n" and after.truncated, after
+    assert set(after.stdout) == {"z"} and len(after.stdout) == limits.max_output_bytes
+    assert peak_mb < 16, f"the host held {peak_mb:.0f} MB of 200 MB written after a run"
