@@ -244,23 +244,37 @@ class RolloutPool:
         self, targets: list[_Replica], version: int, interrupt: bool
     ) -> dict[str, float]:
         rank0 = self.trainers[0]
-        host, port = await rank0.address.remote()
-        backend = await rank0.push_backend.remote()
+        (host, port), backend = await self._together(
+            [rank0.address.remote(), rank0.push_backend.remote()], "reach trainer rank 0"
+        )
         world = len(targets) + 1
         t0 = time.perf_counter()
-        await self._deadline(asyncio.gather(
+        await self._together([
             rank0.join_push_group.remote(host, port, world, self.push_timeout_s),
             *(r.actor.join_push_group.remote(host, port, i + 1, world, backend,
                                              self.push_timeout_s)
               for i, r in enumerate(targets)),
-        ), self.push_timeout_s, "form the weight push group")  # fmt: skip
-        results = await self._deadline(asyncio.gather(
+        ], "form the weight push group")  # fmt: skip
+        results = await self._together([
             *(t.push_weights.remote(self.dtype) for t in self.trainers),
             *(r.actor.receive_weights.remote(version, interrupt) for r in targets),
-        ), self.push_timeout_s, "push the weights")  # fmt: skip
+        ], "push the weights")  # fmt: skip
         stats: dict[str, float] = {**results[len(self.trainers)], **results[0]}
         stats["sync/push_s"] = time.perf_counter() - t0
         return stats
+
+    async def _together(self, calls: list[Any], what: str) -> list[Any]:
+        """The results of ``calls`` (one phase of a push, on trainers and workers at once),
+        within ``push_timeout_s``. When one fails (a dead worker fails at once), the others are
+        waited for before the error is raised, each bounded by its own ``push_timeout_s``:
+        trainer rank 0 left inside a half-formed group would hold its torch thread, and the
+        next push (or training step) would queue behind it."""
+        futures = [asyncio.ensure_future(c) for c in calls]
+        try:
+            return list(await self._deadline(asyncio.gather(*futures), self.push_timeout_s, what))
+        except BaseException:
+            await asyncio.wait(futures, timeout=self.push_timeout_s)
+            raise
 
     async def _check_alive(self, targets: list[_Replica]) -> None:
         for r in targets:
