@@ -240,7 +240,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(TrainConfig, path, args.overrides)
     if args.print_config:
         print(config_to_yaml(cfg), end="")
-        print(batch_sizes(cfg).describe())
+        # the sizes as YAML comments: the whole output stays a config that loads back
+        print("\n".join(f"# {line}" for line in batch_sizes(cfg).describe().splitlines()))
         return 0
     from agentloop.trainers.grpo import train
 

@@ -57,27 +57,42 @@ ENGINES = ("auto", "vllm", "hf", "openai")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """One eval run. ``num_tasks=None`` takes the whole split; ``engine="auto"`` is vLLM when it is
-    installed, else HF. ``pass_threshold``: an episode counts as a success (pass@k) when its
-    reward is at least this. ``engine_args`` go to the engine's constructor (vLLM settings;
-    ``served_model`` for the OpenAI engine). ``resume`` continues the run in ``out``; it needs the
-    same config hash, model, split and seed, and may raise ``n`` or ``num_tasks`` to extend it."""
+    """One eval run (the ``agentloop eval`` flags): ``n`` samples of each task of an env's
+    split, played with the training rollout loop, written to ``out``."""
 
     env: str
+    """Registered env id (``agentloop.envs.make``)."""
     model: str
+    """Local model directory (with ``engine="openai"``: the tokenizer's directory)."""
     out: Path
+    """Run directory: the config, the trajectories (JSONL) and ``summary.json``."""
     n: int = 8
+    """Samples per task (>= 1): pass@k and majority voting are over them."""
     num_tasks: int | None = None
+    """At most this many tasks of ``split`` (>= 1); None: the whole split."""
     split: str = "test"
+    """The env's task split to play."""
     engine: str = "auto"
+    """``vllm``, ``hf``, ``openai`` (a server at ``base_url``), or ``auto``: vLLM when it is
+    installed, else HF."""
     base_url: str | None = None
+    """OpenAI-compatible server URL for ``engine="openai"`` (e.g. ``http://127.0.0.1:8000/v1``)."""
     seed: int = 0
+    """Seeds the episodes' sampling (and the vLLM engine)."""
     concurrency: int = 64
+    """Episodes in flight at once (>= 1)."""
     resume: bool = False
+    """Continue the run in ``out``: it needs the same config hash, model, split and seed, and
+    may raise ``n`` or ``num_tasks`` to extend it."""
     pass_threshold: float = 1.0
+    """An episode counts as a success (pass@k) when its reward is at least this."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Episode limits and sampling, as in training."""
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env's constructor."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the engine's constructor (vLLM settings; ``served_model`` for the
+    OpenAI engine)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))

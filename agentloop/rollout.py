@@ -26,23 +26,39 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Limits and sampling for episodes — the same for training, validation and eval.
-
-    ``max_response_len`` counts every token after the prompt: sampled *and* observation tokens.
-    Each turn may sample at most what is left of it. ``timeout_s`` is a deadline for the whole
-    episode (engine calls and tool calls included).
-    """
+    """Limits and sampling for episodes — the same for training, validation and eval. An
+    episode that reaches a limit ends with that stop reason; its trajectory is kept."""
 
     max_turns: int = 8
+    """Model turns (a generation, then its tool calls) per episode (>= 1); after the last one
+    the episode stops with ``max_turns``."""
     max_prompt_len: int = 1024
+    """Tokens of the first prompt (system, tools, task) (>= 1); a longer prompt ends the
+    episode with ``context_overflow`` before any generation."""
     max_response_len: int = 1024
+    """Tokens after the prompt (>= 1), sampled *and* observation tokens together; each turn
+    samples at most what is left, and an observation that does not fit ends the episode."""
     max_tool_output_tokens: int = 256
+    """A tool message longer than this many tokens (>= 1) is cut, with a visible marker,
+    before the model sees it."""
     timeout_s: float = 300.0
+    """Deadline in seconds for the whole episode, engine and tool calls included (> 0); past
+    it the episode stops with ``timeout``."""
     temperature: float = 1.0
+    """Sampling temperature (>= 0; 0 is greedy). Training needs > 0, equal to
+    ``actor.temperature``."""
     top_p: float = 1.0
+    """Nucleus sampling: sample from the most likely tokens holding this much probability, in
+    (0, 1]; 1: off."""
     top_k: int = -1
+    """Sample from the k most likely tokens (>= 1); -1: off."""
     parser: str = "hermes"
+    """Tool-call parser that reads calls out of the model's text: a name registered with
+    ``@register_parser`` (built in: ``hermes``)."""
     check_template: bool = False
+    """After each episode, check that its token ids decode to the chat template's rendering
+    of its messages (a mismatch raises ``TemplateError``); a debugging aid, one render per
+    episode."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_prompt_len", "max_response_len", "max_tool_output_tokens"):

@@ -2,10 +2,11 @@
 
 Every default lives once, in a dataclass: the rollout limits in :class:`RolloutConfig`, the
 optimiser and loss in :class:`WorkerConfig`, the vLLM settings in :class:`VLLMConfig` (the
-``engine`` section reads its defaults from there), the rest here. :func:`load_config` merges a YAML file
-and ``key=value`` overrides onto a schema and builds the frozen dataclasses, whose
-``__post_init__`` checks name the field and the fix. It takes any dataclass schema, so the SFT
-recipe loads its own config with it.
+``engine`` section reads its defaults from there), the rest here. Each field's docstring (the
+string under it) says what the key does; ``--print-config`` prints it above the key.
+:func:`load_config` merges a YAML file and ``key=value`` overrides onto a schema and builds the
+frozen dataclasses, whose ``__post_init__`` checks name the field and the fix. It takes any
+dataclass schema, so the SFT recipe loads its own config with it.
 """
 
 from __future__ import annotations
@@ -61,22 +62,34 @@ def _check(section: str, obj: Any, rules: Sequence[tuple[str, bool, str]]) -> No
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``path``: a local HF model directory, or ``tiny`` for the locally generated tiny model."""
+    """The model a run starts from: the policy, and the frozen reference model when KL is used."""
 
     path: str = "tiny"
+    """A local HF model directory (``config.json``, safetensors, tokenizer), or ``tiny`` for
+    the locally generated tiny model (built on first use). Nothing is downloaded from a hub."""
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which env and which of its task splits to train and validate on (``None``: all tasks)."""
+    """Which env to play, and which of its task splits to train and validate on. The tasks
+    come from ``env.tasks(split, limit)``."""
 
     env: str = "agentloop/Calc-v0"
+    """Registered env id (``agentloop.envs.make``) that gives the tasks, tools and rewards."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env's constructor (``make(env, **env_kwargs)``), the same for
+    training and validation episodes."""
     train_split: str = "train"
+    """The env's task split that training samples prompts from."""
     num_train_tasks: int | None = None
+    """At most this many tasks of ``train_split`` (>= 1); None: every task the env gives."""
     val_split: str = "test"
+    """The env's task split that validation (``trainer.val_every``) plays."""
     num_val_tasks: int | None = 32
+    """At most this many tasks of ``val_split`` per validation (>= 1); None: the whole split."""
     shuffle: bool = True
+    """Visit the training tasks in a fresh order each epoch, seeded by ``trainer.seed`` and the
+    epoch alone (a resumed run sees the same order); false: in the split's order."""
 
     def __post_init__(self) -> None:
         _check("data", self, [
@@ -87,15 +100,21 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainRolloutConfig(RolloutConfig):
-    """:class:`RolloutConfig` (the limits shared with validation and eval) plus the training
-    side: ``n`` samples per prompt (the GRPO group), ``concurrency`` episodes in flight,
-    ``save_trajectories`` (each step's batch as eval-format JSONL) and ``replay``: a directory of
-    such files to train from instead of generating."""
+    """The ``rollout`` section: :class:`~agentloop.rollout.RolloutConfig` (the episode limits
+    and sampling, shared with validation and eval) plus the training side's fields below."""
 
     n: int = 8
+    """Samples per prompt: the GRPO group whose rewards the advantages compare (>= 1;
+    ``algorithm.dynamic_sampling`` needs >= 2)."""
     concurrency: int = 64
+    """Episodes in flight at once while collecting a batch (>= 1); validation uses it too."""
     save_trajectories: bool = True
+    """Write each step's batch to ``trainer.out_dir``/``trajectories/step_NNNNNN.jsonl``
+    (eval-format JSONL, one line per trajectory), which ``replay`` can train from."""
     replay: str | None = None
+    """A run's ``trajectories/`` directory: step N trains on its saved ``step_NNNNNN.jsonl``
+    instead of generating (no engine is started; needs ``trainer.mode=sync`` and at most as
+    many ``trainer.total_steps`` as were recorded). None: generate."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -114,23 +133,44 @@ class TrainRolloutConfig(RolloutConfig):
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """Advantages (verl names), KL as a reward penalty, DAPO dynamic sampling and overlong
-    shaping. KL as a *loss* term is ``actor.kl_coef``/``actor.kl_type``. ``filter_metric`` is
-    ``reward`` or a trajectory metric such as ``correct``; ``max_sampling_rounds`` 0 = no cap;
-    ``overlong_buffer`` 0 turns overlong shaping off."""
+    """Advantages (verl's names and formulas), KL as a reward penalty, DAPO dynamic sampling
+    and overlong reward shaping. KL as a *loss* term is ``actor.kl_coef``/``actor.kl_type``."""
 
     adv_estimator: str = "grpo"
+    """``grpo``: ``(R - group mean) / (group std + epsilon)``; ``rloo``: ``R`` minus the mean
+    of the group's other samples; ``reinforce_plus_plus``: the discounted return (``gamma``),
+    whitened over every loss token of the batch."""
     norm_by_std: bool = True
+    """``grpo``: divide by the group's reward std; false: ``R - group mean`` (Dr.GRPO)."""
     epsilon: float = 1e-6
+    """Added to the group std before dividing (``grpo``), so a constant group gives 0; > 0."""
     gamma: float = 1.0
+    """Discount per loss token of ``reinforce_plus_plus``'s return, in (0, 1]; 1: none."""
     use_kl_in_reward: bool = False
+    """Subtract ``kl_reward_coef · KL(policy ‖ reference)`` from each loss token's reward
+    before the advantages (verl's ``use_kl_in_reward``); loads the reference model."""
     kl_reward_coef: float = 0.001
+    """Weight of the KL reward penalty (>= 0); used with ``use_kl_in_reward`` only."""
     kl_reward_type: str = "kl"
+    """KL estimator of the reward penalty: ``kl``/``k1``, ``abs``, ``mse``/``k2`` or
+    ``low_var_kl``/``k3`` (verl's kinds)."""
     dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose samples all score the same ``filter_metric``
+    (no gradient signal) and generate more until ``trainer.prompts_per_step`` groups remain;
+    needs ``rollout.n`` >= 2."""
     filter_metric: str = "reward"
+    """What dynamic sampling compares within a group: ``reward``, or a trajectory metric the
+    env reports, such as ``correct``."""
     max_sampling_rounds: int = 10
+    """Dynamic sampling fails the step after this many generation rounds without enough
+    groups (async: drops more than this × ``trainer.prompts_per_step`` groups for one batch);
+    0: no cap."""
     overlong_buffer: int = 0
+    """DAPO overlong shaping: a response longer than ``rollout.max_response_len -
+    overlong_buffer`` tokens loses reward linearly, up to ``overlong_penalty_factor`` at the
+    full length. Tokens, at most ``rollout.max_response_len`` (about a quarter of it); 0: off."""
     overlong_penalty_factor: float = 1.0
+    """The largest overlong penalty, reached at ``rollout.max_response_len`` (>= 0)."""
 
     def __post_init__(self) -> None:
         _check("algorithm", self, [
@@ -148,47 +188,66 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """The step structure. One step: ``prompts_per_step`` prompts × ``rollout.n`` samples, split
-    into ``mini_batches`` optimiser updates, repeated ``ppo_epochs`` times. ``placement``:
-    ``local`` (one process, no Ray) or ``ray`` (``num_workers`` colocated FSDP2 + vLLM actors).
-    ``val_every`` N > 0 validates every N steps and after the last one; 0 never (verl's
-    ``test_freq``); ``val_before_train`` adds one before the first step.
+    """The step structure, where the workers run, and how generation overlaps training.
 
-    ``mode`` (see ``trainers/rollouts.py``): ``sync`` generates a step's batch, trains on it and
-    pushes the weights; ``one_step`` generates step t+1's batch while step t trains; ``async``
-    streams finished groups from a rollout side into a buffer that the trainer takes batches
-    from. The policy version is the number of steps trained; every sampled token records the
-    version that sampled it. ``max_staleness`` bounds how many versions older than the trainer a
-    trained token may be (async: at most ``(max_staleness + 1) × prompts_per_step`` groups are
-    ever started and not yet trained); ``staleness_policy`` ``wait`` hands groups to the trainer
-    in the order they started (none can exceed the bound), ``drop`` in the order they finish,
-    dropping (and counting) any older than the bound. ``push_every`` K pushes the weights to the
-    engines every K steps (async modes). ``partial_rollouts`` lets a push interrupt running
-    generations and resume them on the new weights; off, a push waits for them to finish.
-    ``batch_timeout_s`` is the deadline for the trainer's wait for a batch. ``rollout_workers``
-    N > 0 (``placement=ray``) runs the engines in N separate rollout actors (disaggregated),
-    with the weights pushed from trainer rank 0 over a collective group (gloo on CPU, NCCL on
-    GPU); 0 colocates an engine with every trainer worker."""
+    One step: ``prompts_per_step`` prompts × ``rollout.n`` samples, split into ``mini_batches``
+    optimiser updates, repeated ``ppo_epochs`` times. The policy version is the number of steps
+    trained; every sampled token records the version that sampled it, and the ``mode`` (see
+    ``trainers/rollouts.py``) sets how far behind the trainer that version may be."""
 
     total_steps: int = 100
+    """Training steps of the run (>= 1); a resumed run continues up to this step."""
     prompts_per_step: int = 32
+    """Prompts (GRPO groups) per step (>= 1): a multiple of ``mini_batches``; one step trains
+    on ``prompts_per_step × rollout.n`` sequences."""
     mini_batches: int = 1
+    """Optimiser updates per pass over a step's batch (>= 1); each holds whole groups."""
     ppo_epochs: int = 1
+    """Passes over a step's batch (>= 1); updates per step = ``mini_batches × ppo_epochs``."""
     val_every: int = 0
+    """Validate every N steps and after the last one (verl's ``test_freq``); 0: never."""
     val_before_train: bool = False
+    """Validate once before the first step as well (a fresh run only, not a resumed one)."""
     val_n: int = 1
+    """Samples per validation task (>= 1)."""
     placement: str = "local"
+    """``local``: one process, no Ray; ``ray``: ``num_workers`` FSDP2 worker actors (with
+    their engines) in one Ray placement group, see the ``ray`` section."""
     num_workers: int = 1
+    """Data-parallel FSDP2 trainer workers (>= 1; more than 1 needs ``placement=ray``); each
+    mini-batch's sequences must split evenly across them."""
     seed: int = 0
+    """Seeds the task order, the sampling seeds of every episode and, unless ``engine.seed``
+    is set, the engines."""
     out_dir: str = "runs/grpo"
+    """Run directory: ``config.yaml``, ``metrics.jsonl``, ``tb/``, ``trajectories/``,
+    ``val/``, ``checkpoints/`` and the exported ``final/`` model."""
     sleep_engines: bool = True
+    """``mode=sync``: free the colocated engines' memory while the trainer computes (vLLM
+    sleep mode) and wake them for the next generation; the async modes never sleep them."""
     mode: str = "sync"
+    """``sync``: generate a step's batch, train on it, push the weights; ``one_step``:
+    generate step t+1's batch while step t trains; ``async``: a rollout side streams finished
+    groups into a buffer the trainer takes batches from. Non-sync modes need ``actor.tis_cap``."""
     max_staleness: int = 1
+    """How many policy versions older than the trainer a trained token may be (>= 0; async: at
+    most ``(max_staleness + 1) × prompts_per_step`` groups are started and not yet trained)."""
     staleness_policy: str = "wait"
+    """``wait``: hand groups to the trainer in the order they started (none can exceed
+    ``max_staleness``); ``drop``: in the order they finish, dropping (and counting) any older
+    than the bound."""
     push_every: int = 1
+    """Push the weights to the engines every K steps (>= 1; K > 1 only with ``mode=async``,
+    where ``max_staleness`` must be at least K - 1)."""
     partial_rollouts: bool = True
+    """A weight push interrupts running generations and resumes them on the new weights;
+    false: a push waits for them to finish."""
     batch_timeout_s: float = 3600.0
+    """Deadline in seconds for the trainer's wait for one batch (> 0); past it the run fails."""
     rollout_workers: int = 0
+    """N > 0 (``placement=ray``): run the engines in N separate rollout actors
+    (disaggregated), the weights pushed from trainer rank 0 over a collective group (gloo on
+    CPU, NCCL on GPU); 0: an engine colocated with every trainer worker."""
 
     def __post_init__(self) -> None:
         positive = ("total_steps", "prompts_per_step", "mini_batches", "ppo_epochs", "val_n",
@@ -209,23 +268,30 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class RayConfig:
-    """Where Ray mode runs. ``address`` null starts a private local Ray (``num_cpus`` CPUs,
-    default: all); ``auto`` or ``HOST:PORT`` joins a running cluster (multi-node). One placement
-    bundle per worker: ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs (null: 1 when the
-    cluster has GPUs, else 0); rollout workers (``trainer.rollout_workers``) get
-    ``cpus_per_rollout_worker``/``gpus_per_rollout_worker``. A weight push that takes longer than
-    ``weight_push_timeout_s`` fails (a dead rollout worker is then restarted); a rollout worker
-    that is not serving again ``restart_timeout_s`` after it died stops the run."""
+    """Where ``trainer.placement=ray`` runs: one placement group with a bundle per trainer
+    worker, then one per rollout worker (``trainer.rollout_workers``)."""
 
     address: str | None = None
+    """``auto`` or ``HOST:PORT``: join a running Ray cluster (multi-node); None: start a
+    private local Ray."""
     num_cpus: int | None = None
+    """CPUs of the private local Ray (``address`` None); None: all of the machine's."""
     cpus_per_worker: float = 1.0
+    """CPUs in each trainer worker's bundle (> 0)."""
     gpus_per_worker: float | None = None
+    """GPUs in each trainer worker's bundle (>= 0); None: 1 when the cluster has GPUs, else 0."""
     placement_strategy: str = "PACK"
+    """Ray placement group strategy: ``PACK``, ``SPREAD``, ``STRICT_PACK`` or
+    ``STRICT_SPREAD``."""
     cpus_per_rollout_worker: float = 1.0
+    """CPUs in each rollout worker's bundle (> 0)."""
     gpus_per_rollout_worker: float | None = None
+    """GPUs in each rollout worker's bundle (>= 0); None: 1 when the cluster has GPUs, else 0."""
     weight_push_timeout_s: float = 300.0
+    """Seconds a weight push to the rollout workers may take (> 0); past it the push fails
+    and a dead rollout worker is restarted."""
     restart_timeout_s: float = 600.0
+    """Seconds a dead rollout worker has to serve again (> 0) before the run stops."""
 
     def __post_init__(self) -> None:
         _check("ray", self, [
@@ -245,15 +311,21 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Save every ``every`` steps (0: only at the end, with ``save_final``), keep the last
-    ``keep_last``. ``resume``: ``auto`` (the latest checkpoint of the run dir, if any),
-    ``never``, or a ``step_*`` directory. ``export_final`` writes a plain HF model dir."""
+    """Checkpoints under ``trainer.out_dir``/``checkpoints/`` (sharded model and optimiser
+    state, the step, an RL run's data position), where a run resumes from, and the final export."""
 
     every: int = 0
+    """Save every N steps (>= 0); 0: only at the end, with ``save_final``."""
     keep_last: int = 2
+    """Checkpoints kept (>= 1); older ones are deleted."""
     resume: str = "auto"
+    """``auto``: continue from the run dir's latest checkpoint, if any; ``never``: start
+    fresh; or the path of a ``step_*`` checkpoint directory."""
     save_final: bool = True
+    """Save a checkpoint after the last step."""
     export_final: bool = True
+    """After the last step, write the model as a plain HF model dir (``final/`` for GRPO,
+    ``model/`` for SFT, under ``trainer.out_dir``) for ``agentloop eval`` and vLLM."""
 
     def __post_init__(self) -> None:
         _check("checkpoint", self, [
@@ -266,15 +338,21 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """Metric sinks: a compact console line per step (and a progress bar), ``metrics.jsonl``,
-    TensorBoard (``tb/``), and W&B when ``wandb`` is on and the package is installed."""
+    """Metric sinks. ``metrics.jsonl`` in ``trainer.out_dir`` is always written; the others
+    are switched here."""
 
     console: bool = True
+    """Print a compact line of each step's metrics."""
     progress: bool = True
+    """Show a progress bar of the steps (on stderr)."""
     tensorboard: bool = True
+    """Write TensorBoard events to ``trainer.out_dir``/``tb/``."""
     wandb: bool = True
+    """Log to Weights & Biases, when the ``wandb`` package is installed (else skipped)."""
     wandb_project: str = "agentloop"
+    """W&B project name."""
     run_name: str | None = None
+    """W&B run name; None: W&B picks one."""
 
 
 @dataclass(frozen=True)
@@ -321,18 +399,29 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A whole GRPO/DAPO run, one section per concern."""
+    """A whole GRPO/DAPO run, one section per concern; ``__post_init__`` checks the rules
+    that span sections (batch divisibility, matching temperatures, mode requirements)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to train."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The env and its task splits."""
     rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
+    """Episode limits, sampling, and group size."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, KL in the reward, DAPO dynamic sampling and overlong shaping."""
     actor: WorkerConfig = field(default_factory=WorkerConfig)
+    """The policy worker: optimiser, sharding, precision and the loss."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """Each vLLM engine replica."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Step structure, placement, validation and the sync/async mode."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """Ray cluster and resources (``trainer.placement=ray``)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints, resume and the final export."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metric sinks."""
 
     def __post_init__(self) -> None:
         t, r, a = self.trainer, self.rollout, self.algorithm

@@ -46,7 +46,8 @@ def _lines(cfg: Any, indent: str) -> list[str]:
     from omegaconf import OmegaConf
 
     out: list[str] = []
-    docs = field_docs(type(cfg))
+    cls: type = type(cfg)  # mypy reads type(Any) as a non-Hashable type[Any]
+    docs = field_docs(cls)
     for f in dataclasses.fields(cfg):
         if f.name in docs:
             wrapped = textwrap.wrap(" ".join(docs[f.name].split()), _WIDTH - len(indent) - 2)

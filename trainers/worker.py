@@ -59,41 +59,73 @@ _TOKENIZER_FILES = (
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Optimiser, sharding and loss settings of a :class:`PolicyWorker` (defaults live here only).
-
-    ``dtype`` is the compute dtype on CUDA (bf16 params in forward/backward, fp32 master weights
-    and fp32 gradient reduction); on CPU everything is fp32. ``cpu_offload`` keeps sharded params,
-    grads and optimizer state in host memory (FSDP2 ``CPUOffloadPolicy``); on a CPU device they
-    are there already, so it is a no-op. ``grad_clip`` 0 disables clipping. ``norm_len`` is the
-    constant of ``seq-mean-token-sum-norm`` (the max response length). The loss is
+    """Optimiser, sharding and loss settings of a :class:`PolicyWorker` (defaults live here only;
+    the ``actor`` section of a run). The loss is
     ``policy + kl_coef·KL(ref) − entropy_coef·entropy``, each term aggregated with
-    ``loss_agg_mode``; ``temperature`` is the rollout's, so logprobs match the engine's.
-    """
+    ``loss_agg_mode``."""
 
     lr: float = 1e-6
+    """AdamW learning rate (peak, after warmup; >= 0)."""
     weight_decay: float = 0.01
+    """AdamW decoupled weight decay (>= 0)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates, two numbers in [0, 1)."""
     eps: float = 1e-8
+    """AdamW denominator epsilon (> 0)."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm to this (>= 0); 0: no clipping."""
     warmup_steps: int = 0
+    """Optimiser steps of linear learning-rate warmup from ``lr / warmup_steps`` to ``lr``
+    (>= 0); 0: none."""
     activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass: less memory, more compute."""
     cpu_offload: bool = False
+    """Keep sharded params, grads and optimiser state in host memory (FSDP2
+    ``CPUOffloadPolicy``); a no-op on a CPU device, where they are already."""
     dtype: str = "bfloat16"
+    """Compute dtype on CUDA, ``bfloat16`` or ``float32`` (params in forward/backward; master
+    weights and gradient reduction stay fp32). On CPU everything is fp32."""
     attn_implementation: str = "auto"
+    """Attention kernel that keeps packed sequences apart: ``auto`` (``varlen`` on CUDA where
+    available, else ``sdpa``), ``sdpa``, ``eager``, ``flex_attention``, ``flash_attention_2``,
+    ``flash_attention_3`` or ``varlen``."""
     device: str = "auto"
+    """``cuda``, ``cpu``, or ``auto``: CUDA when available, else CPU."""
     seed: int = 0
+    """Seed of the random init when the model is built from a config (not loaded from a dir)."""
     max_tokens_per_micro_batch: int = 8192
+    """Token budget of one forward/backward (>= 1): sequences are packed into micro-batches of
+    at most this many tokens; a longer sequence is a micro-batch of its own."""
     loss_agg_mode: str = "token-mean"
+    """How per-token losses become one number: ``token-mean``, ``seq-mean-token-sum``,
+    ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr.GRPO, needs ``norm_len``)."""
     norm_len: int | None = None
+    """The constant of ``seq-mean-token-sum-norm`` (the max response length, >= 1); None
+    with the other modes."""
     policy_loss: str = "vanilla"
+    """``vanilla``: PPO clip with dual-clip (verl); ``gspo``: the sequence-level ratio of GSPO."""
     clip_ratio_low: float = 0.2
+    """PPO clip: the ratio is clipped below at ``1 - clip_ratio_low``, in [0, 1)."""
     clip_ratio_high: float = 0.2
+    """PPO clip: the ratio is clipped above at ``1 + clip_ratio_high`` (>= 0; DAPO's
+    clip-higher uses 0.28)."""
     clip_ratio_c: float = 3.0
+    """Dual-clip bound of ``vanilla`` (> 1): a negative-advantage token's loss is capped at
+    ``-A · clip_ratio_c``."""
     tis_cap: float | None = None
+    """Truncated importance sampling: weight each token's loss by ``min(π_old/π_engine,
+    tis_cap)``, correcting trainer/engine mismatch and stale samples (> 0, e.g. 2.0; needed by
+    ``trainer.mode`` one_step/async); None: off."""
     kl_coef: float = 0.0
+    """Weight of the KL-to-reference loss term (>= 0); > 0 loads a frozen reference model."""
     kl_type: str = "low_var_kl"
+    """KL estimator of the loss term: ``kl``/``k1``, ``abs``, ``mse``/``k2`` or
+    ``low_var_kl``/``k3`` (verl's kinds)."""
     entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss; a finite number, 0: off)."""
     temperature: float = 1.0
+    """Temperature the logprobs are computed at (> 0): the rollout's, so they match the
+    engine's; SFT needs 1."""
 
     def __post_init__(self) -> None:
         def bad(field: str, fix: str) -> ConfigError:

@@ -60,36 +60,49 @@ _TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    """Settings of one vLLM engine (one replica). Defaults live here and nowhere else.
-
-    ``kv_cache_memory_bytes`` sizes the KV cache explicitly; ``None`` means vLLM's
-    ``gpu_memory_utilization`` on a GPU, and 1 GiB on a CPU (where the utilization fraction would
-    reserve that share of all RAM). ``enable_sleep_mode=None`` turns it on where the platform
-    supports it (CUDA/ROCm/XPU, not CPU). ``weight_transport`` picks how ``update_weights``
-    ships tensors to the workers: ``"file"`` writes one safetensors file to ``shm_dir`` that the
-    workers mmap (needs workers on this host), ``"bytes"`` sends the safetensors blob through
-    vLLM's RPC, ``"cuda_ipc"`` hands the workers a CUDA IPC handle to one device buffer (trainer
-    and engine on the same GPU: the weights never leave it; ``"auto"`` picks it for CUDA tensors
-    and ``"file"`` otherwise). A reload that takes longer than ``weight_sync_timeout_s`` fails.
-    ``engine_args`` are passed to ``AsyncEngineArgs`` verbatim.
-    """
+    """Settings of one vLLM engine (one replica). Defaults live here and nowhere else; a
+    training run's ``engine`` section (``EngineConfig``) takes them from here."""
 
     model: str
+    """Local model directory (``config.json`` + safetensors) the engine serves."""
     dtype: str = "auto"
+    """Weight dtype of the engine (``auto``: the model's; ``float32`` for exact CPU runs)."""
     max_model_len: int = 4096
+    """Longest sequence (prompt + response tokens) the engine holds (>= 1)."""
     max_num_seqs: int = 256
+    """Sequences the engine schedules at once (>= 1)."""
     seed: int = 0
+    """The engine's sampling seed."""
     kv_cache_memory_bytes: int | None = None
+    """KV cache size in bytes (>= 1); None: vLLM's ``gpu_memory_utilization`` on a GPU, and
+    1 GiB on a CPU (where the utilization fraction would reserve that share of all RAM)."""
     gpu_memory_utilization: float = 0.9
+    """Share of the GPU's memory the engine may take, in (0, 1]; lower it (e.g. 0.4) when a
+    trainer shares the GPU."""
     tensor_parallel_size: int = 1
+    """GPUs one engine replica spans (>= 1)."""
     enforce_eager: bool = False
+    """Skip CUDA graph capture (faster start, slower decode)."""
     enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prefixes (the earlier turns of an episode)."""
     enable_sleep_mode: bool | None = None
+    """Let the engine free its GPU memory while a trainer runs; None: on where the platform
+    supports it (CUDA/ROCm/XPU, not CPU)."""
     weight_transport: WeightTransport = "auto"
+    """How ``update_weights`` ships tensors to the workers: ``file`` writes one safetensors
+    file to ``shm_dir`` that the workers mmap (workers on this host); ``bytes`` sends the
+    safetensors blob through vLLM's RPC; ``cuda_ipc`` hands the workers a CUDA IPC handle to
+    one device buffer (trainer and engine on the same GPU: the weights never leave it);
+    ``auto``: ``cuda_ipc`` for CUDA tensors, else ``file``."""
     shm_dir: str = "/dev/shm"
+    """Directory of the ``file`` transport's weight file (shared memory)."""
     shutdown_timeout_s: float = 10.0
+    """Seconds the engine may take to shut down before it is killed (> 0)."""
     weight_sync_timeout_s: float = 600.0
+    """Seconds a weight reload may take before it fails (> 0)."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``); not the
+    ones VLLMEngine sets itself (the model directory among them)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", str(self.model))
