@@ -50,7 +50,9 @@ def _lines(cfg: Any, indent: str) -> list[str]:
     docs = field_docs(cls)
     for f in dataclasses.fields(cfg):
         if f.name in docs:
-            wrapped = textwrap.wrap(" ".join(docs[f.name].split()), _WIDTH - len(indent) - 2)
+            wrapped = textwrap.wrap(
+                " ".join(docs[f.name].split()), _WIDTH - len(indent) - 2, break_on_hyphens=False
+            )
             out += [f"{indent}# {line}" for line in wrapped]
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
