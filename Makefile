@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Engine API for the docker sandbox backend), chromium (the viewer's browser test).
 APT_PACKAGES := bubblewrap util-linux podman runc chromium
 
-.PHONY: setup sysdeps demo test lint typecheck unit clean
+.PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck unit clean
 
 setup: $(STAMP) sysdeps
 
@@ -39,8 +39,27 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy  # packages = ["agentloop"] in pyproject: every layer through its agentloop/ link
 
+# Test tiers: markers come from the fixtures a test uses (tests/tiers.py, tests/conftest.py).
+PYTEST := HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
+QUICK := not (slow or vllm or ray or e2e or browser or gpu)
+INTEGRATION := not e2e and not gpu and (slow or vllm or ray or browser)
+E2E := e2e and not gpu
+
+# Everything, every tier in one session (one shared vLLM engine): what CI runs.
 test: setup lint typecheck
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
+	$(PYTEST) --durations=25
+
+# While working: lint, types and the quick tier (a few minutes on 2 cores).
+test-fast: setup lint typecheck
+	$(PYTEST) --durations=15 -m "$(QUICK)"
+
+# Real engines, clusters, the browser and the slow tests, but no whole training runs.
+test-integration: setup
+	$(PYTEST) --durations=25 -m "$(INTEGRATION)"
+
+# Whole GRPO, SFT and demo runs (kill/resume, async, Ray, disaggregated).
+test-e2e: setup
+	$(PYTEST) --durations=25 -m "$(E2E)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,17 +1,59 @@
-"""Shared fixtures: the tiny local model (built once per cache) and its tokenizer."""
+"""Shared fixtures (the tiny model, the one vLLM engine) and the tiers: markers from fixtures.
+
+A test is tiered by what it starts, and what it starts is a fixture: ``tiers.STARTS`` maps each
+fixture that starts something heavy to the markers it brings, and
+:func:`pytest_collection_modifyitems` gives every test the markers of every fixture in its
+closure (``item.fixturenames``: the fixtures it asks for and the ones those ask for).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
+from tiers import COLLECTED, STARTS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before anything imports vllm
+
+# Settings of the one shared vLLM engine: small, fp32 (exact comparison with HF), eager (no
+# torch.compile at start-up on a CPU).
+VLLM_SETTINGS: dict[str, Any] = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 32,
+    "kv_cache_memory_bytes": 128 << 20,
+    "enforce_eager": True,
+    "seed": 0,
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the derived markers take part
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in item.fixturenames:
+            for marker in STARTS.get(fixture, ()):
+                if item.get_closest_marker(marker) is None:
+                    item.add_marker(marker)
+    collected = {
+        item.nodeid: (
+            frozenset(m.name for m in item.iter_markers()),
+            frozenset(item.fixturenames),
+        )
+        for item in items
+    }
+    config.stash[COLLECTED] = collected
+    if out := os.environ.get("AGENTLOOP_TIERS_OUT"):  # tests/test_tiers.py, run on its own
+        Path(out).write_text(
+            json.dumps({n: [sorted(m), sorted(f)] for n, (m, f) in collected.items()})
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,3 +82,33 @@ def tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
+    """The shared VLLMEngine on the tiny model (tests that change its weights put them back).
+    Teardown checks that vLLM left no process."""
+    pytest.importorskip("vllm")
+    import psutil
+
+    from agentloop.engines.vllm import VLLMEngine
+    from agentloop.testing.processes import vllm_processes
+
+    started = time.time()
+    engine = VLLMEngine.create(tiny_model_dir, **VLLM_SETTINGS)
+    async with engine:
+        pids = engine.pids
+        assert pids, "VLLMEngine found no engine processes to track"
+        yield engine
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"vLLM processes {alive} survived shutdown"
+    left = vllm_processes(since=started)
+    assert not left, f"vLLM processes left: {left}"
+
+
+@pytest.fixture(scope="session")
+def calc_caller_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model taught to call Calc's python tool (built once, cached on disk)."""
+    from agentloop.testing.calc_caller import calc_caller_model_dir
+
+    return calc_caller_model_dir(base=tiny_model_dir)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,48 +136,48 @@ def test_cli_writes_the_view(run_dir: Path) -> None:
     assert main(["view", str(run_dir / "nope")]) == 2
 
 
-def _chromium() -> str:
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """Debian's headless Chromium, driven through playwright (closed afterwards)."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    return path
-
-
-@pytest.mark.integration
-def test_viewer_in_headless_chromium(run_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    executable = _chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def test_viewer_in_headless_chromium(run_dir: Path, chromium: Any) -> None:
     page_path = write_view(run_dir)
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
     requests: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1500})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(page_path.as_uri())
-            rows = page.locator("#rows tr")
-            assert rows.count() == 8
-            rows.nth(0).click()
-            strip = page.locator("#strip")
-            assert strip.locator(".tok.trained").count() > 0
-            assert strip.locator(".tok.masked").count() > 0  # tool output inside the response
-            assert "<tool_response>" in strip.locator(".tok.masked").all_inner_texts()
-            title = strip.locator(".tok.trained").first.get_attribute("title") or ""
-            assert "logprob -" in title and "trained" in title
-            assert page.locator(".call .name").first.inner_text() == "python"
-            assert page.locator(".msg.tool pre").count() >= 1
-            assert page.locator("img.obs").count() == 1
-            page.locator(".tok.trained").nth(3).hover()
-            assert "logprob" in page.locator("#tip").inner_text()
-            page.screenshot(path=str(ARTIFACTS / "viewer.png"))
-            _check_filters_and_escaping(page)
-        finally:
-            browser.close()
+    page = chromium.new_page(viewport={"width": 1500, "height": 1500})
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(page_path.as_uri())
+    rows = page.locator("#rows tr")
+    assert rows.count() == 8
+    rows.nth(0).click()
+    strip = page.locator("#strip")
+    assert strip.locator(".tok.trained").count() > 0
+    assert strip.locator(".tok.masked").count() > 0  # tool output inside the response
+    assert "<tool_response>" in strip.locator(".tok.masked").all_inner_texts()
+    title = strip.locator(".tok.trained").first.get_attribute("title") or ""
+    assert "logprob -" in title and "trained" in title
+    assert page.locator(".call .name").first.inner_text() == "python"
+    assert page.locator(".msg.tool pre").count() >= 1
+    assert page.locator("img.obs").count() == 1
+    page.locator(".tok.trained").nth(3).hover()
+    assert "logprob" in page.locator("#tip").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "viewer.png"))
+    _check_filters_and_escaping(page)
     assert not errors, errors
     assert all(u.startswith(("file://", "data:")) for u in requests), requests
 

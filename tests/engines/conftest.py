@@ -1,57 +1,13 @@
-"""Engine test fixtures: one vLLM engine for the whole session, and an HF reference model."""
+"""Engine test fixtures: the HF reference model and its logprobs (the shared vLLM engine is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before anything imports vllm
-
-# Settings of the one shared vLLM engine: small, fp32 (exact comparison with HF), eager (no
-# torch.compile at start-up on a CPU).
-VLLM_SETTINGS: dict[str, Any] = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "max_num_seqs": 32,
-    "kv_cache_memory_bytes": 128 << 20,
-    "enforce_eager": True,
-    "seed": 0,
-}
-
-
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
-    """The shared VLLMEngine on the tiny model. Teardown checks that vLLM left no process."""
-    pytest.importorskip("vllm")
-    import psutil
-
-    from agentloop.engines.vllm import VLLMEngine
-    from agentloop.testing.processes import vllm_processes
-
-    started = time.time()
-    engine = VLLMEngine.create(tiny_model_dir, **VLLM_SETTINGS)
-    async with engine:
-        pids = engine.pids
-        assert pids, "VLLMEngine found no engine processes to track"
-        yield engine
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not alive, f"vLLM processes {alive} survived shutdown"
-    left = vllm_processes(since=started)
-    assert not left, f"vLLM processes left: {left}"
-
-
-@pytest.fixture(scope="session")
-def calc_caller_dir(tiny_model_dir: Path) -> Path:
-    """The tiny model taught to call Calc's python tool (built once, cached on disk)."""
-    from agentloop.testing.calc_caller import calc_caller_model_dir
-
-    return calc_caller_model_dir(base=tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import pytest
 from agentloop.engines.base import Engine, SamplingParams
 from agentloop.errors import ConfigError, InferenceError
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+# the shared engine's loop; the tiers (vllm, integration) come from the vllm_engine fixture
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 EOS = 2  # <|im_end|> in the tiny tokenizer
 

@@ -23,11 +23,8 @@ from agentloop.envs import make
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.types import Message
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.asyncio(loop_scope="session"),
-]
+# the shared engine's loop; the tiers (vllm, integration) come from the vllm_engine fixture
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CALC = "agentloop/Calc-v0"
 MAX_TOKENS = 160  # the random tiny model rarely samples <|im_end|>: requests run to this length

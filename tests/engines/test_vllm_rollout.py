@@ -24,11 +24,8 @@ from agentloop.envs import make
 from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.asyncio(loop_scope="session"),
-]
+# the shared engine's loop; the tiers (vllm, integration) come from the vllm_engine fixture
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CALC = "agentloop/Calc-v0"
 RESPONSE_LEN = 160  # call + tool output + answer fit; the prompt (~300 tokens) gets the rest

@@ -10,36 +10,29 @@ the SFT checkpoint by SHORT_MIN_GAIN; ``make demo`` itself asks for 10 points wi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from agentloop.eval_report import read_run
-from agentloop.trainers.demo import load_demo_configs, run_demo
+from agentloop.trainers.demo import DemoConfigs, DemoResult, load_demo_configs, run_demo
 from agentloop.trainers.demo_report import RESULT_FILE
-
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SHORT_STEPS = 8
 SHORT_MIN_GAIN = 0.05
 
 
-def test_every_demo_override_section_is_checked() -> None:
-    from agentloop.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=r"must start with one of \['demo.', 'sft.', 'grpo.'\]"):
-        load_demo_configs(["trainer.total_steps=3"])
-    with pytest.raises(ConfigError, match=r"digits=3 but demo.digits=2"):
-        load_demo_configs(["grpo.data.env_kwargs.digits=3"])
-    with pytest.raises(ConfigError, match=r"val_before_train=true"):
-        load_demo_configs(["grpo.trainer.val_before_train=false"])
-    cfg = load_demo_configs(["demo.out_dir=/tmp/x", "sft.trainer.max_steps=7"])
-    assert cfg.sft.data.train == "/tmp/x/traces.jsonl" and cfg.sft.trainer.max_steps == 7
-    assert cfg.grpo.model.path == "/tmp/x/sft/model" and cfg.grpo.trainer.out_dir == "/tmp/x/rl"
+@dataclass(frozen=True)
+class DemoRun:
+    out: Path
+    configs: DemoConfigs
+    result: DemoResult
 
 
-@pytest.mark.timeout(3600)
-def test_short_demo_rl_beats_the_sft_checkpoint(tmp_path: Path) -> None:
+@pytest.fixture
+def demo_run(tmp_path: Path) -> DemoRun:
+    """The demo with SHORT_STEPS GRPO steps: traces, SFT, GRPO on vLLM, the evals, the report."""
     pytest.importorskip("vllm")
     out = tmp_path / "demo"
     configs = load_demo_configs([
@@ -47,7 +40,12 @@ def test_short_demo_rl_beats_the_sft_checkpoint(tmp_path: Path) -> None:
         f"grpo.trainer.val_every={SHORT_STEPS}", "grpo.logging.progress=false",
         "sft.logging.progress=false",
     ])  # fmt: skip
-    result = run_demo(configs)
+    return DemoRun(out, configs, run_demo(configs))
+
+
+@pytest.mark.timeout(3600)
+def test_short_demo_rl_beats_the_sft_checkpoint(demo_run: DemoRun) -> None:
+    out, configs, result = demo_run.out, demo_run.configs, demo_run.result
     record = json.loads((out / RESULT_FILE).read_text())
     print(json.dumps(record, indent=1))
     assert result.gain == pytest.approx(result.pass_at_1_rl - result.pass_at_1_sft)

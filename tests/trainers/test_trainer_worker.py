@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tiny_models import build_tiny_model, tiny_qwen2_config
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agentloop.errors import ConfigError
@@ -25,22 +26,11 @@ LENGTHS = [11, 18, 8, 14, 21, 9, 16, 12]
 
 
 def _config() -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    return tiny_qwen2_config()
 
 
 def _model(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM._from_config(_config(), attn_implementation="sdpa", dtype=torch.float32)
+    return build_tiny_model(seed=seed)
 
 
 def _wcfg(**kw: Any) -> WorkerConfig:

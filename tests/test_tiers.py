@@ -1,0 +1,125 @@
+"""The tiers are derived, and right: every test known to start vLLM, Ray, a browser or a whole
+run carries that marker (so the quick tier cannot run it), and the quick ones carry none.
+
+The markers come from fixtures (tests/tiers.py); a test that starts vLLM without going through
+one of them, or a fixture renamed without updating ``STARTS``, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiers as tiers_module
+from tiers import COLLECTED, STARTS
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = {"slow", "vllm", "ray", "e2e", "browser", "gpu"}  # what the quick tier leaves out
+
+#: test module → the markers every one of its tests must carry (what each test starts).
+KNOWN: dict[str, set[str]] = {
+    "tests/engines/test_vllm_engine.py": {"vllm"},
+    "tests/engines/test_vllm_partial.py": {"vllm"},
+    "tests/engines/test_vllm_rollout.py": {"vllm"},
+    "tests/engines/test_vllm_serve.py": {"vllm"},
+    "tests/trainers/test_train_vllm.py": {"vllm", "e2e"},
+    "tests/trainers/test_async_vllm.py": {"vllm", "e2e"},
+    "tests/trainers/test_train_ray.py": {"vllm", "ray", "e2e"},
+    "tests/trainers/test_disagg_ray.py": {"vllm", "ray", "e2e"},
+    "tests/trainers/test_sft_calc.py": {"vllm", "e2e"},
+    "tests/recipes/test_demo.py": {"vllm", "e2e"},
+    "tests/sandboxes/test_sandbox_docker.py": {"slow"},
+}
+#: single tests of otherwise quick modules.
+KNOWN_TESTS: dict[str, set[str]] = {
+    "tests/test_viewer.py::test_viewer_in_headless_chromium": {"browser"},
+}
+#: modules that must stay wholly in the quick tier (they used to inherit a heavy tier).
+QUICK_MODULES = ["tests/engines/test_openai_http.py", "tests/recipes/test_demo_config.py"]
+#: where each fixture of STARTS is used (so a renamed fixture is noticed).
+USERS = {
+    "tests/search/test_search_index.py",
+    "tests/trainers/test_async_vllm.py",
+    "tests/trainers/test_sft_calc.py",
+    "tests/test_viewer.py",
+}
+
+Tiers = dict[str, tuple[frozenset[str], frozenset[str]]]
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _tiers(config: pytest.Config, tmp_path: Path) -> Tiers:
+    """Markers and fixtures of the tests of every module named above: from this session's
+    collection when it collected them (make test, make test-fast), else a collect-only run."""
+    modules = sorted({*KNOWN, *QUICK_MODULES, *USERS, *map(_module, KNOWN_TESTS)})
+    collected = config.stash.get(COLLECTED, {})
+    if {_module(n) for n in collected} >= set(modules):
+        return collected
+    out = tmp_path / "tiers.json"
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    env = {**os.environ, "AGENTLOOP_TIERS_OUT": str(out)}
+    run = subprocess.run([*cmd, *modules], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    return {n: (frozenset(m), frozenset(f)) for n, (m, f) in data.items()}
+
+
+@pytest.fixture(scope="module")
+def tiers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiers:
+    return _tiers(request.config, tmp_path_factory.mktemp("tiers"))
+
+
+def test_tests_that_start_vllm_ray_a_browser_or_a_run_carry_its_marker(tiers: Tiers) -> None:
+    by_module: dict[str, list[str]] = {}
+    for nodeid in tiers:
+        by_module.setdefault(_module(nodeid), []).append(nodeid)
+    untagged = []
+    for module, markers in KNOWN.items():
+        assert by_module.get(module), f"{module} has no tests: update KNOWN"
+        untagged += [(n, markers - tiers[n][0]) for n in by_module[module] if markers - tiers[n][0]]
+    for nodeid, markers in KNOWN_TESTS.items():
+        assert nodeid in tiers, f"{nodeid} is gone: update KNOWN_TESTS"
+        if markers - tiers[nodeid][0]:
+            untagged.append((nodeid, markers - tiers[nodeid][0]))
+    assert not untagged, f"tests without the marker of what they start: {untagged}"
+
+
+def test_quick_modules_carry_no_heavy_marker(tiers: Tiers) -> None:
+    for module in QUICK_MODULES:
+        heavy = {n: tiers[n][0] & HEAVY for n in tiers if _module(n) == module}
+        assert heavy, f"{module} has no tests"
+        assert not any(heavy.values()), heavy
+
+
+def test_every_fixture_that_starts_something_is_in_use(tiers: Tiers) -> None:
+    used = set().union(*(fixtures for _, fixtures in tiers.values()))
+    assert set(STARTS) - used == set(), "STARTS names fixtures no test uses: renamed?"
+
+
+def _selects(expression: str, markers: frozenset[str]) -> bool:
+    from _pytest.mark.expression import Expression  # what `pytest -m` evaluates
+
+    return bool(Expression.compile(expression).evaluate(lambda name, **_: name in markers))
+
+
+def test_every_test_is_in_exactly_one_tier_or_needs_a_gpu(tiers: Tiers) -> None:
+    tier_of = {name: getattr(tiers_module, name) for name in ("QUICK", "INTEGRATION", "E2E")}
+    for nodeid, (markers, _) in tiers.items():
+        chosen = [name for name, expr in tier_of.items() if _selects(expr, markers)]
+        assert len(chosen) == 1 or (not chosen and "gpu" in markers), (nodeid, markers, chosen)
+
+
+def test_the_makefile_tiers_are_these() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    for name in ("QUICK", "INTEGRATION", "E2E"):
+        found = re.search(rf"^{name} := (.+)$", makefile, re.MULTILINE)
+        assert found is not None and found.group(1) == getattr(tiers_module, name), name
+        assert f'-m "$({name})"' in makefile, name

