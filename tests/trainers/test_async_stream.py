@@ -4,9 +4,10 @@ policies, DAPO drops as groups arrive, resume state, and every wait ending at it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
+from waits import eventually
 
 from agentloop.errors import AgentLoopError, ConfigError
 from agentloop.trainers.stream import RolloutStream, StreamSettings, group_min_version
@@ -30,17 +31,21 @@ def make_group(
 
 
 class Script:
-    """Plays group ``i`` after ``delays[i]`` seconds (default 0), tagged with the stream's engine
-    version when it started; records the start order."""
+    """Plays group ``i`` after ``delays[i]`` seconds (default 0), or when the test releases it
+    (``gates``), tagged with the stream's engine version when it started; records the start and
+    finish orders."""
 
     def __init__(
         self,
         delays: dict[int, float] | None = None,
         rewards: Callable[[int], tuple[float, ...]] | None = None,
+        gates: Iterable[int] = (),
     ) -> None:
         self.delays = delays or {}
         self.rewards = rewards or (lambda i: (0.0, 1.0))
+        self.gates = {i: asyncio.Event() for i in gates}
         self.started: list[int] = []
+        self.finished: list[int] = []
         self.stream: RolloutStream | None = None
         self.tasks = (Task(f"t{i}") for i in range(10_000))
 
@@ -51,7 +56,11 @@ class Script:
         assert self.stream is not None
         version = self.stream.version
         self.started.append(index)
-        await asyncio.sleep(self.delays.get(index, 0.0))
+        if index in self.gates:
+            await self.gates[index].wait()
+        else:
+            await asyncio.sleep(self.delays.get(index, 0.0))
+        self.finished.append(index)
         return make_group(task, version, self.rewards(index))
 
 
@@ -65,15 +74,16 @@ async def test_capacity_follows_the_staleness_bound() -> None:
     script = Script()
     s = stream(script, max_staleness=0)
     s.start()
-    await asyncio.sleep(0.05)
-    assert script.started == [0, 1]  # (k + v + 1) · P = 2 groups at version 0, no more
+    await eventually(lambda: len(script.started) == 2)
+    assert script.started == [0, 1]
+    assert s.capacity() == 0  # (k + v + 1) · P = 2 groups at version 0, no more
     batch = await s.take(trainer_version=0)
     assert [g.task.id for g in batch.groups] == ["t0", "t1"]
-    await asyncio.sleep(0.05)
-    assert script.started == [0, 1]  # taken but the weights are not pushed yet: still waiting
+    # taken but the weights are not pushed yet: still no room, nothing else started
+    assert s.capacity() == 0 and script.started == [0, 1]
     s.set_version(1)
-    await asyncio.sleep(0.05)
-    assert script.started == [0, 1, 2, 3]
+    await eventually(lambda: len(script.started) == 4)
+    assert script.started == [0, 1, 2, 3] and s.capacity() == 0
     await s.close()
 
 
@@ -81,14 +91,13 @@ async def test_one_version_of_slack_starts_the_next_batch_early() -> None:
     script = Script()
     s = stream(script, max_staleness=1)
     s.start()
-    await asyncio.sleep(0.05)
-    assert script.started == [0, 1, 2, 3]  # two batches' worth at version 0
+    await eventually(lambda: len(script.started) == 4)
+    assert script.started == [0, 1, 2, 3] and s.capacity() == 0  # two batches' worth at v0
     await s.take(0)
-    await asyncio.sleep(0.05)
-    assert len(script.started) == 4  # the next one needs version 1
+    assert s.capacity() == 0 and len(script.started) == 4  # the next one needs version 1
     s.set_version(1)
-    await asyncio.sleep(0.05)
-    assert len(script.started) == 6
+    await eventually(lambda: len(script.started) == 6)
+    assert s.capacity() == 0
     await s.close()
 
 
@@ -102,13 +111,15 @@ async def test_wait_policy_hands_groups_over_in_start_order() -> None:
 
 
 async def test_drop_policy_hands_groups_over_as_they_finish_and_drops_stale_ones() -> None:
-    script = Script(delays={0: 0.5})  # group 0 (version 0) finishes late
+    script = Script(gates={0})  # group 0 (version 0) finishes late: when released below
     s = stream(script, max_staleness=1, policy="drop")
     batches = []
     for version in range(5):
         s.set_version(version)
+        if version == 3:  # the trainer is now 3 versions past group 0's
+            script.gates[0].set()
+            await eventually(lambda: 0 in script.finished)
         batches.append(await s.take(version))
-        await asyncio.sleep(0.2)
     ids = [g.task.id for b in batches for g in b.groups]
     assert ids[:2] == ["t1", "t2"]  # t0 did not hold the first batch up
     assert "t0" not in ids  # by the time it finished it was too old: dropped, and counted
@@ -162,7 +173,7 @@ async def test_state_dict_keeps_finished_groups_and_replays_running_tasks() -> N
     script = Script(delays={3: 30.0})
     s = stream(script, max_staleness=1)
     await s.take(0)  # t0, t1 taken; t2 finished; t3 running
-    await asyncio.sleep(0.05)
+    await eventually(lambda: 2 in script.finished)
     state = s.state_dict()
     await s.close()
     assert [g["task"]["id"] for g in state["groups"]] == ["t2"]
