@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Engine API for the docker sandbox backend), chromium (the viewer's browser test).
 APT_PACKAGES := bubblewrap util-linux podman runc chromium
 
-.PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck unit clean
+.PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck docs unit clean
 
 setup: $(STAMP) sysdeps
 
@@ -38,6 +38,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy  # packages = ["agentloop"] in pyproject: every layer through its agentloop/ link
+
+# The docs site (mkdocs.yml): guides from docs/, API reference from the docstrings; a warning or
+# a broken link fails the build. Output in site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Test tiers: markers come from the fixtures a test uses (tests/tiers.py, tests/conftest.py).
 PYTEST := HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
