@@ -14,15 +14,14 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
 from agentloop.engines.base import Engine
-from agentloop.envs import Env, extract_boxed, make, math_equal
-from agentloop.envs.rewards import last_assistant_text
+from agentloop.envs import make
+from agentloop.envs.base import AnswerHook
 from agentloop.errors import ConfigError
 from agentloop.eval_report import (
     CONFIG_FILE,
@@ -35,18 +34,16 @@ from agentloop.eval_report import (
 from agentloop.io import JsonlWriter, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
 from agentloop.tools import get_parser
-from agentloop.types import Message, Task, Trajectory
+from agentloop.types import Task, Trajectory
 
 __all__ = [
     "ENGINES",
     "AnswerHook",
     "EvalConfig",
-    "answer_hook",
     "config_fingerprint",
     "config_hash",
     "eval_async",
     "open_engine",
-    "register_answer_hook",
     "run_eval",
 ]
 
@@ -115,49 +112,6 @@ class EvalConfig:
                 f"--model {self.model!r} is not a directory; pass a local model (or, with "
                 "--engine openai, tokenizer) directory"
             )
-
-
-# ---------------------------------------------------------------------- answer hooks
-@dataclass(frozen=True)
-class AnswerHook:
-    """How an env's final answer is read (for majority voting): ``extract(messages)`` gives the
-    answer or None, ``normalize`` makes equal answers equal strings, ``check(answer, task)`` says
-    whether it is right. An env provides one as an ``answer_hook`` attribute, or register one."""
-
-    extract: Callable[[Sequence[Message]], str | None]
-    check: Callable[[str, Task], bool]
-    normalize: Callable[[str], str] = lambda s: " ".join(s.split())
-
-
-_HOOKS: dict[str, AnswerHook] = {}
-
-
-def register_answer_hook(env_id: str, hook: AnswerHook) -> None:
-    """Use ``hook`` for env ``env_id`` (for envs that do not carry an ``answer_hook``)."""
-    _HOOKS[env_id] = hook
-
-
-def answer_hook(env: Env) -> AnswerHook | None:
-    """The env's own ``answer_hook``, else the one registered for its id, else None."""
-    own = getattr(env, "answer_hook", None)
-    return own if isinstance(own, AnswerHook) else _HOOKS.get(env.env_id or "")
-
-
-def _number_key(text: str) -> str:
-    try:
-        return str(Fraction(text.replace(",", "").replace(" ", "")))
-    except (ValueError, ZeroDivisionError):
-        return " ".join(text.split())
-
-
-register_answer_hook(
-    "agentloop/Calc-v0",
-    AnswerHook(
-        extract=lambda messages: extract_boxed(last_assistant_text(messages)),
-        check=lambda answer, task: math_equal(answer, task.data["answer"]),
-        normalize=_number_key,
-    ),
-)
 
 
 # ---------------------------------------------------------------------- config hash
@@ -241,7 +195,7 @@ async def eval_async(
 
     env = make(config.env, **config.env_kwargs)
     builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
-    hook = answer_hook(env)
+    hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)
     tasks = list(env.tasks(config.split, config.num_tasks))

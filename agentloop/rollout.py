@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from agentloop.chat import TokenBuilder
-from agentloop.engines.base import Engine, SamplingParams
+from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.envs import Env, StepResult
 from agentloop.errors import ConfigError, ToolFatalError
 from agentloop.tools import get_parser, truncate_to_tokens
@@ -22,6 +23,7 @@ from agentloop.types import Completion, Message, StopReason, Task, Trajectory, T
 __all__ = ["RolloutConfig", "rollout"]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class _Episode:
             self.image_grids.extend(builder.image_grids(messages))
 
     def count_tool_errors(self, result: StepResult) -> None:
-        for r in result.info.get("tool_results", ()):
+        for r in result.tool_results:
             if r.error_kind is not None:
                 key = f"tool_error/{r.error_kind}"
                 self.metrics[key] = self.metrics.get(key, 0.0) + 1.0
@@ -243,7 +245,7 @@ async def _play(
         t1 = time.perf_counter()
         result = await _env_call(env.step(action))
         episode.reward += float(result.reward)
-        episode.metrics.update(result.info.get("metrics", {}))
+        episode.metrics.update(result.metrics)
         obs = _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
         obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
@@ -280,15 +282,16 @@ def _stop_reason(
 async def _generate(
     engine: Engine, ids: list[int], sampling: SamplingParams, session_id: str, images: list[Any]
 ) -> Completion:
-    if images and not getattr(engine, "supports_images", False):
+    if images and not engine.supports_images:
         raise _Stop(
             StopReason.ENGINE_ERROR,
             f"the episode has {len(images)} images but {type(engine).__name__} does not take "
-            "images; use an engine with supports_images (HFEngine with a VLM)",
+            "images; use an engine with supports_images (HFEngine or VLLMEngine with a VLM)",
         )
-    extra = {"images": tuple(images)} if images else {}  # text-only engines never see the kwarg
     try:
-        completion = await engine.generate(ids, sampling, session_id=session_id, **extra)
+        completion = await generate(
+            engine, ids, sampling, session_id=session_id, images=tuple(images)
+        )
     except Exception as exc:  # any engine failure is this episode's data, not the batch's crash
         raise _Stop(StopReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}") from exc
     if not completion.token_ids:
@@ -296,7 +299,7 @@ async def _generate(
     return completion
 
 
-async def _env_call(awaitable: Any) -> Any:
+async def _env_call(awaitable: Awaitable[R]) -> R:
     """Await an env call; a fatal tool error or any env/reward failure ends the episode."""
     try:
         return await awaitable
@@ -355,7 +358,7 @@ def _turn(
     t0: float,
     t1: float,
 ) -> Turn:
-    tool_results = result.info.get("tool_results", ())
+    tool_results = result.tool_results
     return Turn(
         index=index,
         start=start,

@@ -3,29 +3,51 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from agentloop.errors import EnvError
+from agentloop.tools import ToolResult
 from agentloop.types import Message, Task
 
-__all__ = ["Env", "StepResult"]
+__all__ = ["AnswerHook", "Env", "StepResult"]
 
 
-class StepResult(NamedTuple):
-    """What :meth:`Env.step` returns; unpacks like gymnasium's 5-tuple.
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What :meth:`Env.step` returns; unpacks like gymnasium's 5-tuple
+    (``obs, reward, terminated, truncated, info = result``).
 
     ``observation`` is the list of new messages for the model (tool results, user follow-ups);
     empty when the episode ended. ``reward`` is this step's reward (the final score comes with
-    ``terminated``). ``info`` may carry ``"tool_results"`` (list of ``ToolResult``) and
-    ``"metrics"`` (``dict[str, float]`` merged into the trajectory's metrics).
+    ``terminated``). What the rollout loop reads is typed: ``tool_results`` (one per tool call
+    this step ran, errors included) and ``metrics`` (merged into the trajectory's metrics).
+    ``info`` is for the env's own extras; the loop never reads it.
     """
 
     observation: list[Message]
     reward: float
     terminated: bool
     truncated: bool
-    info: dict[str, Any]
+    info: dict[str, Any] = field(default_factory=dict)
+    tool_results: tuple[ToolResult, ...] = field(default=(), kw_only=True)
+    metrics: Mapping[str, float] = field(default_factory=dict, kw_only=True)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Gymnasium's 5 fields, so ``obs, reward, terminated, truncated, info = result`` works."""
+        return iter((self.observation, self.reward, self.terminated, self.truncated, self.info))
+
+
+@dataclass(frozen=True)
+class AnswerHook:
+    """How an env's final answer is read (majority voting in ``agentloop eval``):
+    ``extract(messages)`` gives the answer or None, ``normalize`` makes equal answers equal
+    strings, ``check(answer, task)`` says whether it is right."""
+
+    extract: Callable[[Sequence[Message]], str | None]
+    check: Callable[[str, Task], bool]
+    normalize: Callable[[str], str] = lambda s: " ".join(s.split())
 
 
 class Env(abc.ABC):
@@ -41,6 +63,8 @@ class Env(abc.ABC):
       path, including cancellation, and must be safe to call twice.
     - ``tool_schemas`` are the OpenAI-style function schemas the chat template shows the model.
     - ``tasks(split, limit)`` lists the env's dataset, for training and offline evaluation.
+    - ``answer_hook()`` says how to read the final answer for majority voting (None: the env
+      has no comparable answers; ``agentloop eval`` then reports rewards only).
 
     An env instance plays one episode at a time; the rollout makes one instance per episode.
     """
@@ -67,3 +91,7 @@ class Env(abc.ABC):
         raise EnvError(
             f"{type(self).__name__} has no dataset; pass tasks explicitly or implement tasks()"
         )
+
+    def answer_hook(self) -> AnswerHook | None:
+        """How to read this env's final answers (majority voting); default: None."""
+        return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from fractions import Fraction
 
+from agentloop.envs.base import AnswerHook
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.tool_env import ToolEnv
 from agentloop.errors import EnvError
@@ -109,3 +111,21 @@ class CalcEnv(ToolEnv):
 
     def sample_task(self, seed: int | None) -> Task:
         return make_calc_task("train", seed or 0, digits=self.digits)
+
+    def answer_hook(self) -> AnswerHook:
+        """The boxed number; equal values vote together (``1,234`` = ``1234``)."""
+        return _ANSWERS
+
+
+def _number_key(text: str) -> str:
+    try:
+        return str(Fraction(text.replace(",", "").replace(" ", "")))
+    except (ValueError, ZeroDivisionError):
+        return " ".join(text.split())
+
+
+_ANSWERS = AnswerHook(
+    extract=lambda messages: extract_boxed(last_assistant_text(messages)),
+    check=lambda answer, task: math_equal(answer, task.data["answer"]),
+    normalize=_number_key,
+)

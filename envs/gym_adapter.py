@@ -66,7 +66,9 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         message = Message("assistant", action, self.parser.parse(action))
         result = self._loop.run_until_complete(self.env.step(message))
         obs = messages_to_text(result.observation)
-        return obs, float(result.reward), result.terminated, result.truncated, result.info
+        # gymnasium's info is a plain dict: the typed fields go in it under their own names
+        info = {**result.info, "tool_results": result.tool_results, "metrics": dict(result.metrics)}
+        return obs, float(result.reward), result.terminated, result.truncated, info
 
     def close(self) -> None:
         if not self._loop.is_closed():

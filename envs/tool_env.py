@@ -10,7 +10,7 @@ from typing import Any
 from agentloop.envs.base import Env, StepResult
 from agentloop.envs.rewards import Reward, RewardFn
 from agentloop.errors import EnvError, RewardError
-from agentloop.tools import Tool, ToolSession, Toolset
+from agentloop.tools import Tool, ToolResult, ToolSession, Toolset
 from agentloop.types import Message, Task
 
 __all__ = ["ToolEnv"]
@@ -89,25 +89,28 @@ class ToolEnv(Env):
         self._messages.append(action)
         self._turns += 1
         if not action.tool_calls:
-            return await self._finish(terminated=True, info={})
-        results = await self._session.dispatch(action.tool_calls)
+            return await self._finish(terminated=True)
+        results = tuple(await self._session.dispatch(action.tool_calls))
         observation = [r.to_message() for r in results]
         self._messages.extend(observation)
-        info: dict[str, Any] = {"tool_results": results}
         if self.max_turns is not None and self._turns >= self.max_turns:
-            return await self._finish(terminated=False, info=info)
-        return StepResult(observation, 0.0, False, False, info)
+            return await self._finish(terminated=False, tool_results=results)
+        return StepResult(observation, 0.0, False, False, tool_results=results)
 
     async def close(self) -> None:
         cm, self._session_cm, self._session = self._session_cm, None, None
         if cm is not None:
             await cm.__aexit__(None, None, None)
 
-    async def _finish(self, *, terminated: bool, info: dict[str, Any]) -> StepResult:
+    async def _finish(
+        self, *, terminated: bool, tool_results: tuple[ToolResult, ...] = ()
+    ) -> StepResult:
         assert self._task is not None
         reward = await self.score(self._task, self._messages)
-        info["metrics"] = dict(reward.metrics)
-        return StepResult([], reward.value, terminated, not terminated, info)
+        metrics = dict(reward.metrics)
+        return StepResult(
+            [], reward.value, terminated, not terminated, tool_results=tool_results, metrics=metrics
+        )
 
     async def score(self, task: Task, messages: Sequence[Message]) -> Reward:
         """Run ``reward_fn``; failures become :class:`RewardError` naming the task."""

@@ -108,3 +108,20 @@ def test_step_runs_parsed_tool_calls() -> None:
         await env.close()
 
     asyncio.run(go())
+
+
+def test_step_result_carries_tool_results_and_metrics_as_fields() -> None:
+    async def go() -> None:
+        env = CalcEnv(sandbox="fake")
+        task = make_calc_task("test", 0)
+        await env.reset(options={"task": task})
+        call = ToolCall("python", {"code": "print(1)"}, id="c0")
+        result = await env.step(Message("assistant", "", (call,)))
+        assert [r.call.id for r in result.tool_results] == ["c0"] and result.metrics == {}
+        final = await env.step(Message("assistant", f"\\boxed{{{task.data['answer']}}}"))
+        assert final.tool_results == () and final.reward == 1.0 and final.metrics["used_tool"] == 1
+        obs, reward, terminated, truncated, info = final  # gymnasium's 5-tuple still unpacks
+        assert (obs, reward, terminated, truncated, info) == ([], 1.0, True, False, {})
+        await env.close()
+
+    asyncio.run(go())

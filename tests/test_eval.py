@@ -19,7 +19,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.cli import main
 from agentloop.envs import make
 from agentloop.errors import ConfigError
-from agentloop.eval import EvalConfig, answer_hook, config_fingerprint, config_hash, run_eval
+from agentloop.eval import EvalConfig, config_fingerprint, config_hash, run_eval
 from agentloop.eval_report import EvalSummary, compare_runs, print_comparison, summarize
 from agentloop.io import JsonlWriter, read_jsonl, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
@@ -88,7 +88,7 @@ def test_summary_without_answers_or_ci() -> None:
 def test_calc_answer_hook() -> None:
     from agentloop.types import Message, Task
 
-    hook = answer_hook(make(ENV))
+    hook = make(ENV).answer_hook()
     assert hook is not None
     messages = [Message("user", "q"), Message("assistant", "so \\boxed{1,234}.")]
     assert hook.extract(messages) == "1,234"
@@ -102,7 +102,7 @@ def test_config_hash_covers_what_makes_runs_comparable(
 ) -> None:
     env = make(ENV)
     builder = TokenBuilder(tokenizer, tools=env.tool_schemas)
-    hook = answer_hook(env)
+    hook = env.answer_hook()
 
     def fingerprint(builder: TokenBuilder = builder, **changes: Any) -> dict[str, str]:
         rollout = RolloutConfig(**changes.pop("rollout", {}))

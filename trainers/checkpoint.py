@@ -1,12 +1,15 @@
-"""Resumable checkpoints of a PolicyWorker: sharded model + optimizer (DCP), step, scheduler."""
+"""Resumable checkpoints of a PolicyWorker: sharded model + optimizer (DCP), step, scheduler,
+and the RL run's own state (:class:`RunState`)."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -16,17 +19,48 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from agentloop.errors import ConfigError
 from agentloop.trainers.worker import PolicyWorker
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+if TYPE_CHECKING:
+    from agentloop.trainers.rollouts import SourceState
+
+__all__ = ["RngState", "RunState", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TRAINER_STATE = "trainer_state.pt"
+
+
+@dataclass(frozen=True)
+class RngState:
+    """The driver's random generators (Python's and torch's CPU one)."""
+
+    python: tuple[Any, ...]
+    torch: torch.Tensor
+
+    @classmethod
+    def capture(cls) -> RngState:
+        return cls(random.getstate(), torch.get_rng_state())
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        torch.set_rng_state(self.torch)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What an RL run saves beside the weights, so that a resumed run goes on where it stopped."""
+
+    step: int
+    """Steps trained: the policy version of the saved weights."""
+    source: SourceState
+    """Where the data order stands (the prompt sampler; async mode: the unconsumed groups)."""
+    rng: RngState
+    """The driver's random generators."""
 
 
 def save_checkpoint(
     worker: PolicyWorker,
     root: str | os.PathLike[str],
     *,
-    extra: dict[str, Any] | None = None,
+    run_state: RunState | None = None,
     keep_last: int | None = None,
     step: int | None = None,
 ) -> Path:
@@ -34,8 +68,8 @@ def save_checkpoint(
 
     Model and optimizer state go through torch distributed checkpoint (DCP): every rank writes
     its own shards in parallel, and :func:`load_checkpoint` re-shards them for any number of
-    ranks. Rank 0 adds the step, the LR scheduler and ``extra`` (picklable: dataloader position,
-    RNG states...). The directory appears under its final name only when complete (written as
+    ranks. Rank 0 adds the step, the LR scheduler and ``run_state`` (an RL run's data position
+    and RNG states). The directory appears under its final name only when complete (written as
     ``.tmp``, then renamed), so a run killed mid-save resumes from the previous one. ``root`` must
     be one filesystem shared by all ranks. ``keep_last`` deletes older step directories.
     ``step`` names the directory (default: the worker's optimiser step; a recipe passes its own
@@ -55,7 +89,7 @@ def save_checkpoint(
         trainer_state = {
             "step": worker.step,
             "scheduler": worker.scheduler.state_dict(),
-            "extra": extra or {},
+            "run_state": run_state,
         }
         torch.save(trainer_state, tmp / _TRAINER_STATE)
         shutil.rmtree(final, ignore_errors=True)
@@ -67,9 +101,9 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> RunState | None:
     """Restore model, optimizer, scheduler and step from a :func:`save_checkpoint` directory,
-    whatever the number of ranks that wrote it; collective. Returns the saved ``extra``."""
+    whatever the number of ranks that wrote it; collective. Returns the saved ``run_state``."""
     path = Path(path)
     if not (path / _TRAINER_STATE).is_file():
         raise ConfigError(
@@ -85,7 +119,8 @@ def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> dict[
     trainer_state = torch.load(path / _TRAINER_STATE, weights_only=False)
     worker.step = int(trainer_state["step"])
     worker.scheduler.load_state_dict(trainer_state["scheduler"])
-    return dict(trainer_state["extra"])
+    run_state: RunState | None = trainer_state.get("run_state")
+    return run_state
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:

@@ -17,15 +17,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from agentloop.engines.base import SamplingParams
-from agentloop.errors import InferenceError
+from agentloop.engines.base import SamplingParams, generate
+from agentloop.errors import ConfigError, InferenceError
 from agentloop.trainers.packing import TrainSeq
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 from agentloop.types import Completion
+
+if TYPE_CHECKING:
+    from agentloop.trainers.checkpoint import RunState
 
 __all__ = ["ColocatedWorker", "WorkerSpec"]
 
@@ -138,12 +141,17 @@ class ColocatedWorker:
 
     # ------------------------------------------------------------------ engine
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         if self.engine is None:
             raise InferenceError("this worker has no engine (replay mode); nothing can generate")
-        result: Completion = await self.engine.generate(prompt_ids, sampling, session_id=session_id)
-        return result
+        return await generate(
+            self.engine, prompt_ids, sampling, session_id=session_id, images=images
+        )
 
     async def sleep_engine(self) -> None:
         if self.engine is not None:
@@ -219,24 +227,28 @@ class ColocatedWorker:
     ) -> list[torch.Tensor]:
         worker = self.ref if ref else self._policy()
         if worker is None:
-            raise RuntimeError("no reference model: build the worker with with_ref=True")
+            raise ConfigError(
+                "reference logprobs were asked for but the workers hold no reference model; it "
+                "is built when actor.kl_coef > 0 or algorithm.use_kl_in_reward=true"
+            )
         return await self._torch(worker.compute_logprobs, seqs)
 
     async def train_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
         return await self._torch(self._policy().train_step, seqs)
 
     async def save_checkpoint(
-        self, root: str, step: int, extra: dict[str, Any], keep_last: int | None
+        self, root: str, step: int, run_state: RunState | None, keep_last: int | None
     ) -> str:
         from agentloop.trainers.checkpoint import save_checkpoint
 
         def save() -> Path:
-            return save_checkpoint(self._policy(), root, step=step, extra=extra,
-                                   keep_last=keep_last)  # fmt: skip
+            return save_checkpoint(
+                self._policy(), root, step=step, run_state=run_state, keep_last=keep_last
+            )
 
         return str(await self._torch(save))
 
-    async def load_checkpoint(self, path: str) -> dict[str, Any]:
+    async def load_checkpoint(self, path: str) -> RunState | None:
         from agentloop.trainers.checkpoint import load_checkpoint
 
         return await self._torch(load_checkpoint, self._policy(), path)

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentloop.engines.base import SamplingParams
+from agentloop.engines.base import SamplingParams, generate
 from agentloop.errors import InferenceError
 from agentloop.types import Completion
 
@@ -51,10 +51,15 @@ class RolloutWorker:
         return tuple(self.engine.pids)
 
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
-        result: Completion = await self.engine.generate(prompt_ids, sampling, session_id=session_id)
-        return result
+        return await generate(
+            self.engine, prompt_ids, sampling, session_id=session_id, images=images
+        )
 
     async def join_push_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
@@ -105,8 +110,10 @@ class RolloutPool:
         dtype: str = "auto",
         restart_timeout_s: float = 600.0,
         push_timeout_s: float = 300.0,
+        supports_images: bool = False,
     ) -> None:
         self._make, self.trainers, self.dtype = make_actor, list(trainers), dtype
+        self._supports_images = supports_images  # the workers serve a vision-language model
         self.restart_timeout_s, self.push_timeout_s = restart_timeout_s, push_timeout_s
         self.replicas = [_Replica(i, None) for i in range(num)]
         self.restarts = 0
@@ -116,6 +123,10 @@ class RolloutPool:
         self._failed = asyncio.Event()  # a worker could not be restarted: the run must stop
         self._tasks: set[asyncio.Task[None]] = set()
         self._error: BaseException | None = None
+
+    @property
+    def supports_images(self) -> bool:
+        return self._supports_images
 
     @property
     def actors(self) -> list[Any]:
@@ -132,7 +143,12 @@ class RolloutPool:
 
     # ------------------------------------------------------------------ generation
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         from ray.exceptions import RayActorError
 
@@ -142,7 +158,7 @@ class RolloutPool:
             r.in_flight += 1
             try:
                 result: Completion = await r.actor.generate.remote(
-                    list(prompt_ids), sampling, session_id
+                    list(prompt_ids), sampling, session_id, tuple(images)
                 )
                 return result
             except RayActorError as exc:  # the worker died: send the request again

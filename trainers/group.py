@@ -24,6 +24,7 @@ from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.packing import TrainSeq, dp_partition
 
 if TYPE_CHECKING:
+    from agentloop.trainers.checkpoint import RunState
     from agentloop.trainers.disagg import RolloutPool
 
 __all__ = ["WorkerGroup", "open_worker_group", "shard_indices"]
@@ -118,14 +119,14 @@ class WorkerGroup:
             await self._broadcast("wake_engine", tags)
 
     async def save_checkpoint(
-        self, root: Path, *, step: int, extra: dict[str, Any], keep_last: int | None
+        self, root: Path, *, step: int, run_state: RunState | None, keep_last: int | None
     ) -> Path:
-        paths = await self._broadcast("save_checkpoint", str(root), step, extra, keep_last)
+        paths = await self._broadcast("save_checkpoint", str(root), step, run_state, keep_last)
         return Path(paths[0])
 
-    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        extras: list[dict[str, Any]] = await self._broadcast("load_checkpoint", str(path))
-        return extras[0]
+    async def load_checkpoint(self, path: Path) -> RunState | None:
+        states: list[RunState | None] = await self._broadcast("load_checkpoint", str(path))
+        return states[0]
 
     async def export(self, path: Path) -> None:
         """Write the policy as a plain HF model dir (config, safetensors, tokenizer files)."""

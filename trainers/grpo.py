@@ -19,20 +19,19 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import random
 import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import make
+from agentloop.errors import ConfigError
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
-from agentloop.trainers.checkpoint import latest_checkpoint
+from agentloop.trainers.checkpoint import RngState, RunState, latest_checkpoint
 from agentloop.trainers.config import (
     AlgorithmConfig,
     TrainConfig,
@@ -125,9 +124,11 @@ async def train_async(
     async with open_worker_group(cfg, model_dir, engine=engine) as group:
         meter = BusyMeter(group.engine) if group.engine is not None else None
         run = _Run(cfg, out, model_dir, builder, sampler, group, meter)
-        start, extra = await _restore(run)
-        run.source = make_source(GenContext(cfg, meter, builder, sampler), start=start,
-                                 state=extra.get("rollout_buffer"))  # fmt: skip
+        state = await _restore(run)
+        start, source = (state.step, state.source) if state else (0, None)
+        run.source = make_source(
+            GenContext(cfg, meter, builder, sampler), start=start, state=source
+        )
         logger = MetricsLogger(cfg.logging, out, total_steps=cfg.trainer.total_steps,
                                start_step=start, run_config=dataclasses.asdict(cfg))  # fmt: skip
         try:
@@ -268,7 +269,10 @@ def _advantages(
     kl = None
     if alg.use_kl_in_reward:
         if ref is None:
-            raise ValueError("use_kl_in_reward needs reference logprobs")
+            raise ConfigError(
+                "algorithm.use_kl_in_reward=true needs the reference model's logprobs; the run "
+                "built no reference model (TrainConfig.needs_ref)"
+            )
         kl = KlInReward(alg.kl_reward_coef, alg.kl_reward_type, old, ref)
     return trajectory_advantages(
         groups,
@@ -335,35 +339,35 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
     return metrics
 
 
-def _rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
 async def _save(run: _Run, step: int) -> Path:
-    extra = {"trainer_step": step, **run.batches().state_dict(), "rng": _rng_state()}
+    state = RunState(step, run.batches().state(), RngState.capture())
     return await run.group.save_checkpoint(
-        run.out / "checkpoints", step=step, extra=extra, keep_last=run.cfg.checkpoint.keep_last
+        run.out / "checkpoints", step=step, run_state=state, keep_last=run.cfg.checkpoint.keep_last
     )
 
 
-async def _restore(run: _Run) -> tuple[int, dict[str, Any]]:
-    """Load the checkpoint ``checkpoint.resume`` selects; return the step it ended (0: none) and
-    its ``extra``. The engines get the restored weights (that version) before the first rollout."""
+async def _restore(run: _Run) -> RunState | None:
+    """Load the checkpoint ``checkpoint.resume`` selects and return its run state (None: start
+    afresh). The engines get the restored weights (that version) before the first rollout."""
     resume = run.cfg.checkpoint.resume
     if resume == "never":
-        return 0, {}
+        return None
     path = latest_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
     if path is None:
-        return 0, {}
-    extra = await run.group.load_checkpoint(path)
-    run.sampler.load_state_dict(extra["sampler"])
-    random.setstate(extra["rng"]["python"])
-    torch.set_rng_state(extra["rng"]["torch"])
-    step = int(extra["trainer_step"])
+        return None
+    state = await run.group.load_checkpoint(path)
+    if state is None:
+        raise ConfigError(
+            f"checkpoint {path} holds no RL run state (an SFT checkpoint, or one written by an "
+            "older agentloop); resume from a GRPO checkpoint, or set checkpoint.resume=never"
+        )
+    state.rng.restore()
     if run.group.owns_engines:
-        await run.group.sync_weights(step)
-    buffered = extra.get("rollout_buffer") or {}
-    print(f"resumed from {path} (step {step}; {len(buffered.get('groups', ()))} unconsumed "
-          f"groups kept, {len(buffered.get('tasks', ()))} running tasks to replay)",
-          flush=True)  # fmt: skip
-    return step, extra
+        await run.group.sync_weights(state.step)
+    buffered = state.source.rollout_buffer or {}
+    print(
+        f"resumed from {path} (step {state.step}; {len(buffered.get('groups', ()))} unconsumed "
+        f"groups kept, {len(buffered.get('tasks', ()))} running tasks to replay)",
+        flush=True,
+    )
+    return state

@@ -18,8 +18,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agentloop.engines.base import SamplingParams
+from agentloop.engines.base import Engine, SamplingParams
 from agentloop.engines.router import ReplicatedEngine
+from agentloop.engines.vllm_mm import is_vision_model
 from agentloop.errors import ConfigError
 from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
 from agentloop.trainers.config import TrainConfig
@@ -33,16 +34,27 @@ _PLACEMENT_TIMEOUT_S = 120.0
 
 
 class RayEngineClient:
-    """The Engine protocol over one colocated actor's vLLM engine (a router replica)."""
+    """The Engine protocol over one colocated actor's vLLM engine (a router replica);
+    ``supports_images``: the engine serves a vision-language model."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, *, supports_images: bool = False) -> None:
         self.actor = actor
+        self._supports_images = supports_images
+
+    @property
+    def supports_images(self) -> bool:
+        return self._supports_images
 
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         result: Completion = await self.actor.generate.remote(
-            list(prompt_ids), sampling, session_id
+            list(prompt_ids), sampling, session_id, tuple(images)
         )
         return result
 
@@ -127,8 +139,11 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
             refs = [getattr(a, method).remote(*x) for a, x in zip(actors, args, strict=True)]
             return list(await asyncio.gather(*refs))
 
-        engine: Any = (
-            ReplicatedEngine([RayEngineClient(a) for a in actors]) if spec.engine else None
+        vlm = is_vision_model(spec.model_dir)
+        engine: Engine | None = (
+            ReplicatedEngine([RayEngineClient(a, supports_images=vlm) for a in actors])
+            if spec.engine
+            else None
         )
         if disaggregated:
             assert engine_settings is not None
@@ -164,6 +179,7 @@ async def _rollout_pool(
 
     pool = RolloutPool(
         make_actor, cfg.trainer.rollout_workers, trainers, dtype=str(settings.get("dtype", "auto")),
+        supports_images=is_vision_model(model_dir),
         restart_timeout_s=cfg.ray.restart_timeout_s, push_timeout_s=cfg.ray.weight_push_timeout_s,
     )  # fmt: skip
     try:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect, stable_seed
-from agentloop.engines.base import Engine, SamplingParams
+from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import AgentLoopError
 from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.dapo import accumulate_groups, apply_overlong_penalty
@@ -39,6 +39,7 @@ __all__ = [
     "BatchSource",
     "BusyMeter",
     "GenContext",
+    "SourceState",
     "generate_batch",
     "make_source",
     "version_metrics",
@@ -57,6 +58,17 @@ class GenContext:
     sampler: PromptSampler
 
 
+@dataclass(frozen=True)
+class SourceState:
+    """What a checkpoint saves so that a resumed run continues the data order."""
+
+    sampler: Mapping[str, int]
+    """:meth:`PromptSampler.state_dict` where the trained batches left it."""
+    rollout_buffer: Mapping[str, Any] | None = None
+    """Async mode: the stream's finished, unconsumed groups and its running tasks
+    (:meth:`RolloutStream.state_dict`)."""
+
+
 class BatchSource(Protocol):
     """A step's batch, whatever the mode (see the module docstring)."""
 
@@ -65,7 +77,7 @@ class BatchSource(Protocol):
     def pushed(self, version: int) -> None:
         """The engines now hold the weights of policy ``version``."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state(self) -> SourceState:
         """What a checkpoint saves so that a resumed run continues the data order."""
 
     async def aclose(self) -> None: ...
@@ -124,8 +136,8 @@ class _SyncSource:
     def pushed(self, version: int) -> None:
         pass
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.ctx.sampler.state_dict()}
+    def state(self) -> SourceState:
+        return SourceState(self.ctx.sampler.state_dict())
 
     async def aclose(self) -> None:
         pass
@@ -159,9 +171,9 @@ class _OneStepSource(_SyncSource):
             self._ahead = (step + 1, job, before)
         return groups, metrics
 
-    def state_dict(self) -> dict[str, Any]:
+    def state(self) -> SourceState:
         # the batch being generated is generated again after a resume (same prompts and seeds)
-        return {"sampler": self._ahead[2] if self._ahead else self.ctx.sampler.state_dict()}
+        return SourceState(self._ahead[2] if self._ahead else self.ctx.sampler.state_dict())
 
     async def aclose(self) -> None:
         if self._ahead is not None:
@@ -172,7 +184,7 @@ class _OneStepSource(_SyncSource):
 class _AsyncSource(_SyncSource):
     """Groups streamed by a :class:`RolloutStream` beside the trainer."""
 
-    def __init__(self, ctx: GenContext, start: int, state: Mapping[str, Any] | None) -> None:
+    def __init__(self, ctx: GenContext, start: int, buffer: Mapping[str, Any] | None) -> None:
         super().__init__(ctx)
         cfg, t, alg = ctx.cfg, ctx.cfg.trainer, ctx.cfg.algorithm
         settings = StreamSettings(
@@ -187,8 +199,8 @@ class _AsyncSource(_SyncSource):
             settings, next_task=lambda: ctx.sampler.next_batch(1)[0], play=self._play_group,
             version=start, consumed=start * t.prompts_per_step,
         )  # fmt: skip
-        if state:
-            self.stream.load_state_dict(dict(state))
+        if buffer:
+            self.stream.load_state_dict(dict(buffer))
 
     async def _play_group(self, task: Task, index: int) -> TrajectoryGroup:
         seed = stable_seed(self.ctx.cfg.trainer.seed, -1, index)
@@ -202,24 +214,23 @@ class _AsyncSource(_SyncSource):
     def pushed(self, version: int) -> None:
         self.stream.set_version(version)
 
-    def state_dict(self) -> dict[str, Any]:
-        buffer = self.stream.state_dict()
-        return {"sampler": self.ctx.sampler.state_dict(), "rollout_buffer": buffer}
+    def state(self) -> SourceState:
+        return SourceState(self.ctx.sampler.state_dict(), self.stream.state_dict())
 
     async def aclose(self) -> None:
         await self.stream.close()
 
 
-def make_source(
-    ctx: GenContext, *, start: int, state: Mapping[str, Any] | None = None
-) -> BatchSource:
-    """The batch source of ``ctx.cfg.trainer.mode`` for a run that has trained ``start`` steps;
-    ``state`` is the checkpoint's ``rollout_buffer`` (async mode)."""
+def make_source(ctx: GenContext, *, start: int, state: SourceState | None = None) -> BatchSource:
+    """The batch source of ``ctx.cfg.trainer.mode`` for a run that has trained ``start`` steps,
+    continuing from a checkpoint's ``state`` (the sampler's position, async mode's buffer)."""
+    if state is not None:
+        ctx.sampler.load_state_dict(dict(state.sampler))
     mode = ctx.cfg.trainer.mode
     if mode == "one_step":
         return _OneStepSource(ctx)
     if mode == "async":
-        return _AsyncSource(ctx, start, state)
+        return _AsyncSource(ctx, start, state.rollout_buffer if state else None)
     return _SyncSource(ctx)
 
 
@@ -242,8 +253,9 @@ def version_metrics(groups: Sequence[TrajectoryGroup], trainer_version: int) -> 
 
 
 class BusyMeter:
-    """An Engine that forwards to ``engine`` and measures the time with a request in flight
-    (for ``perf/rollout_idle_frac``); other attributes are the wrapped engine's."""
+    """The Engine ``engine``, measuring the time with a request in flight (for
+    ``perf/rollout_idle_frac``). It only generates: weight syncs, sleep and wake go to the
+    worker group's engine itself."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -256,18 +268,26 @@ class BusyMeter:
         open_s = time.perf_counter() - self._since if self._in_flight else 0.0
         return self._busy_s + open_s
 
+    @property
+    def supports_images(self) -> bool:
+        return self.engine.supports_images
+
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, **kwargs: Any
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         if self._in_flight == 0:
             self._since = time.perf_counter()
         self._in_flight += 1
         try:
-            return await self.engine.generate(prompt_ids, sampling, **kwargs)
+            return await generate(
+                self.engine, prompt_ids, sampling, session_id=session_id, images=images
+            )
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._busy_s += time.perf_counter() - self._since
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)

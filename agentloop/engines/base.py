@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from agentloop.errors import ConfigError
+from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion
 
-__all__ = ["Engine", "SamplingParams"]
+__all__ = ["Engine", "SamplingParams", "generate", "prompt_token_ids", "reject_images"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +55,18 @@ class Engine(Protocol):
     replicas can route all turns of one episode to the same replica (prefix-cache hits).
     Errors are raised as :class:`agentloop.errors.InferenceError`.
 
-    An engine that serves vision-language models sets ``supports_images = True`` and takes an
-    ``images=`` keyword (PIL images, in the order their placeholder runs appear in
-    ``prompt_ids``); the rollout passes it only when the episode has images.
+    ``supports_images`` says whether ``generate`` takes images: an engine serving a
+    vision-language model answers True and reads ``images`` (PIL images, in the order their
+    placeholder runs appear in ``prompt_ids``). A text-only engine answers False and raises
+    :class:`~agentloop.errors.InferenceError` for images. Callers check it first and pass
+    ``images=`` only when there are some (:func:`generate`), so an engine written before images
+    existed keeps working at run time.
     """
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether ``generate`` takes ``images=`` (a vision-language model)."""
+        ...
 
     async def generate(
         self,
@@ -66,4 +74,40 @@ class Engine(Protocol):
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion: ...
+
+
+async def generate(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    *,
+    session_id: str | None = None,
+    images: Sequence[Any] = (),
+) -> Completion:
+    """``engine.generate``, with ``images=`` only when there are images (what the rollout loop
+    and engine wrappers call, so text-only engines never see the keyword)."""
+    if images:
+        return await engine.generate(prompt_ids, sampling, session_id=session_id, images=images)
+    return await engine.generate(prompt_ids, sampling, session_id=session_id)
+
+
+def reject_images(engine: object, images: Sequence[Any]) -> None:
+    """Raise :class:`InferenceError` if a text-only ``engine`` was given images."""
+    if images:
+        raise InferenceError(
+            f"{type(engine).__name__} got {len(images)} images but does not take images "
+            "(supports_images is False); use an engine serving a vision-language model"
+        )
+
+
+def prompt_token_ids(prompt_ids: Sequence[int]) -> list[int]:
+    """``prompt_ids`` as a list of ints (what every engine sends), or an
+    :class:`InferenceError` naming what was passed instead."""
+    try:
+        return [int(t) for t in prompt_ids]
+    except (TypeError, ValueError) as e:
+        raise InferenceError(
+            f"prompt_ids must be a sequence of token ids (ints), got {str(prompt_ids)[:80]!r}"
+        ) from e

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop.engines.base import SamplingParams
+from agentloop.engines.base import SamplingParams, reject_images
 from agentloop.errors import InferenceError
 from agentloop.types import Completion, FinishReason
 
@@ -62,13 +62,19 @@ class FakeEngine:
         self.requests: list[FakeRequest] = []
         self._turns: defaultdict[str | None, int] = defaultdict(int)
 
+    @property
+    def supports_images(self) -> bool:
+        return False
+
     async def generate(
         self,
         prompt_ids: Sequence[int],
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
+        reject_images(self, images)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         if self.fail_after is not None and len(self.requests) >= self.fail_after:

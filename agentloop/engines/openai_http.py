@@ -7,12 +7,12 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
 
-from agentloop.engines.base import SamplingParams
+from agentloop.engines.base import SamplingParams, prompt_token_ids, reject_images
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
 
@@ -79,15 +79,15 @@ class OpenAIEngine:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def supports_images(self) -> bool:
+        """False: the completions endpoint takes token ids only."""
+        return False
+
     async def __aenter__(self) -> OpenAIEngine:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -113,7 +113,7 @@ class OpenAIEngine:
         """The JSON body sent to ``/v1/completions`` for one request."""
         body: dict[str, Any] = {
             "model": self.model,
-            "prompt": _token_ids(prompt_ids),
+            "prompt": prompt_token_ids(prompt_ids),
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -139,8 +139,10 @@ class OpenAIEngine:
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`."""
+        reject_images(self, images)
         if not prompt_ids:
             raise InferenceError("prompt_ids is empty; a prompt needs at least one token")
         body = self.request_body(prompt_ids, sampling, session_id)
@@ -242,13 +244,3 @@ def _token_id(token: str, url: str) -> int:
             "the server must support return_tokens_as_token_ids (vLLM)"
         )
     return int(token[len(_TOKEN_PREFIX) :])
-
-
-def _token_ids(prompt_ids: Sequence[int]) -> list[int]:
-    """The prompt as a list of ints, or a clear error naming what was passed instead."""
-    try:
-        return [int(t) for t in prompt_ids]
-    except (TypeError, ValueError) as e:
-        raise InferenceError(
-            f"prompt_ids must be a sequence of token ids (ints), got {str(prompt_ids)[:80]!r}"
-        ) from e

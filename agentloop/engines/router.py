@@ -6,10 +6,9 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from agentloop.engines.base import Engine, SamplingParams
+from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion
 
@@ -45,6 +44,11 @@ class ReplicatedEngine:
         self._sessions: OrderedDict[str, int] = OrderedDict()
 
     @property
+    def supports_images(self) -> bool:
+        """Whether every replica takes images."""
+        return all(e.supports_images for e in self.engines)
+
+    @property
     def in_flight(self) -> tuple[int, ...]:
         """Requests in flight per replica."""
         return tuple(self._in_flight)
@@ -63,11 +67,14 @@ class ReplicatedEngine:
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[Any] = (),
     ) -> Completion:
         index = self._pick(session_id)
         self._in_flight[index] += 1
         try:
-            return await self.engines[index].generate(prompt_ids, sampling, session_id=session_id)
+            return await generate(
+                self.engines[index], prompt_ids, sampling, session_id=session_id, images=images
+            )
         finally:
             self._in_flight[index] -= 1
 
@@ -122,12 +129,7 @@ class ReplicatedEngine:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
     async def _broadcast(

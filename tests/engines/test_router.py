@@ -19,6 +19,8 @@ SAMPLING = SamplingParams(max_tokens=4)
 class Replica:
     """Answers with its own index as the token; holds requests until ``gate`` is set."""
 
+    supports_images = False
+
     def __init__(self, index: int) -> None:
         self.index = index
         self.gate = asyncio.Event()
@@ -52,6 +54,8 @@ class Replica:
 
 
 class GenerateOnly:
+    supports_images = False
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Completion:
@@ -131,6 +135,22 @@ async def test_session_table_is_bounded_lru() -> None:
     assert router.replica_of("a") is not None and router.replica_of("c") is not None
     router.release_session("a")
     assert router.replica_of("a") is None
+
+
+async def test_takes_images_only_when_every_replica_does() -> None:
+    class Seeing(Replica):
+        supports_images = True
+
+        async def generate(self, *args: Any, images: Sequence[Any] = (), **kw: Any) -> Completion:
+            self.calls.append(("images", tuple(images)))
+            return await super().generate(*args, **kw)
+
+    assert not ReplicatedEngine([Seeing(0), Replica(1)]).supports_images
+    router = ReplicatedEngine([Seeing(0), Seeing(1)])
+    assert router.supports_images
+    await router.generate([1], SAMPLING, session_id="a", images=("img",))
+    picked = router.engines[router.replica_of("a") or 0]
+    assert isinstance(picked, Seeing) and ("images", ("img",)) in picked.calls
 
 
 async def test_failed_request_is_not_left_in_flight() -> None:

@@ -66,5 +66,5 @@ async def test_an_episode_searches_hop_by_hop() -> None:
         assert hop["query"] in obs.content and obs.content.startswith("Doc 1 (")
     final = await env.step(Message("assistant", f"\\boxed{{{task.data['answer']}}}"))
     assert final.terminated and final.reward == 1.0
-    assert final.info["metrics"]["search_calls"] == len(task.data["hops"])
+    assert final.metrics["search_calls"] == len(task.data["hops"])
     await env.close()

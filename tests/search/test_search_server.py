@@ -155,7 +155,7 @@ async def test_search_tool_episode_against_the_server(search_url: str) -> None:
         ToolCall("search", {"query": " "}, id="3"),
     )
     result = await env.step(Message("assistant", "…", calls))
-    ok, big, empty = result.info["tool_results"]
+    ok, big, empty = result.tool_results
     assert not ok.is_error and hop["query"] in ok.content and ok.content.count("Doc ") == 3
     assert big.is_error and "topk=99 is out of range" in big.content
     assert empty.is_error and "query is empty" in empty.content

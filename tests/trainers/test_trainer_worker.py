@@ -15,10 +15,17 @@ from tiny_models import build_tiny_model, tiny_qwen2_config
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agentloop.errors import ConfigError
-from agentloop.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentloop.trainers.checkpoint import (
+    RngState,
+    RunState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from agentloop.trainers.dist import init_distributed, run_local_ranks
 from agentloop.trainers.logprobs import token_logprobs
 from agentloop.trainers.packing import TrainSeq, dp_partition, pack
+from agentloop.trainers.rollouts import SourceState
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
 # prompt (mask 0), response, observation (mask 0), response, trailing observation (mask 0)
@@ -246,7 +253,8 @@ def _dp_rank(
         metrics = [w.train_step(local)]
         grads = {n: g.cpu() for n, g in _grads(w).items()}
         if budget == budgets[0]:
-            save_checkpoint(w, Path(out_dir) / "ckpt", extra={"world": world})
+            state = RunState(1, SourceState({"world": world}), RngState.capture())
+            save_checkpoint(w, Path(out_dir) / "ckpt", run_state=state)
         metrics.append(w.train_step(local))
         weights = dict(w.state_dict_for_inference(device="cpu"))
         if budget == budgets[0]:
@@ -313,7 +321,8 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(
     path = latest_checkpoint(root / "ckpt")
     assert path is not None and path.name == "step_00000001"
     w = PolicyWorker(_config(), _wcfg(max_tokens_per_micro_batch=64, warmup_steps=2, seed=5))
-    assert load_checkpoint(w, path) == {"world": 2} and w.step == 1
+    state = load_checkpoint(w, path)
+    assert state is not None and state.source == SourceState({"world": 2}) and w.step == 1
     step2 = w.train_step(_seqs())
     weights = dict(w.state_dict_for_inference())
     _assert_same({"metrics": [step2], "weights": weights},

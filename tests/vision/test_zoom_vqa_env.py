@@ -59,6 +59,6 @@ async def test_an_episode_with_a_zoom_on_the_target() -> None:
     np.testing.assert_array_equal(np.asarray(obs.images[0]), crop)
     final = await env.step(Message("assistant", f"\\boxed{{{task.data['answer']}}}"))
     assert final.terminated and final.reward == 1.0
-    assert final.info["metrics"]["zoom_on_target"] == 1.0
-    assert final.info["metrics"]["zoom_calls"] == 1.0
+    assert final.metrics["zoom_on_target"] == 1.0
+    assert final.metrics["zoom_calls"] == 1.0
     await env.close()
