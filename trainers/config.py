@@ -582,8 +582,19 @@ def load_config(
         key = getattr(exc, "full_key", None) or "?"
         msg = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
         raise ConfigError(
-            f"config key {key}: {msg}; fix it in the YAML file or the key=value override"
+            f"config key {key}: {msg}{_known_keys(exc)}; fix it in the YAML file or the key=value "
+            "override"
         ) from None
+
+
+def _known_keys(exc: Exception) -> str:
+    """For an unknown key: the keys its section does have (read from the section's dataclass)."""
+    from omegaconf.errors import ConfigKeyError
+
+    section = getattr(exc, "object_type", None)
+    if not isinstance(exc, ConfigKeyError) or not dataclasses.is_dataclass(section):
+        return ""
+    return f" (its keys: {', '.join(f.name for f in dataclasses.fields(section))})"
 
 
 def example_config(name: str) -> Path:

@@ -25,7 +25,7 @@ from agentloop.types import Completion, FinishReason
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMConfig", "VLLMEngine", "WeightSyncStats"]
+__all__ = ["VLLMConfig", "VLLMEngine", "WeightSyncStats", "check_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -112,29 +112,37 @@ class VLLMConfig:
                 f"vllm.model={self.model!r} is not a directory; pass a local model directory "
                 "(config.json + safetensors), e.g. agentloop.testing.tiny.tiny_model_dir()"
             )
-        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"vllm.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("shutdown_timeout_s", "weight_sync_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"vllm.{name} must be positive, got {getattr(self, name)}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(
-                f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
-            raise ConfigError(
-                f"vllm.kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"
-            )
-        if self.weight_transport not in _TRANSPORTS:
-            raise ConfigError(
-                f"vllm.weight_transport={self.weight_transport!r} is not one of {_TRANSPORTS}"
-            )
-        if reserved := _RESERVED_ARGS & set(self.engine_args):
-            raise ConfigError(
-                f"vllm.engine_args may not set {sorted(reserved)}: VLLMEngine sets them itself "
-                "(use vllm.model for the model directory)"
-            )
+        check_settings(self, "vllm")
+
+
+def check_settings(s: Any, section: str) -> None:
+    """Check the engine settings of ``s`` (a :class:`VLLMConfig`, or the training config's
+    ``engine`` section, whose ``max_model_len``/``seed`` may be None: derived); errors name
+    ``section.field``."""
+    for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+        value = getattr(s, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{section}.{name} must be >= 1, got {value}")
+    for name in ("shutdown_timeout_s", "weight_sync_timeout_s"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(s, name)}")
+    if not 0 < s.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            f"{section}.gpu_memory_utilization must be in (0, 1], got {s.gpu_memory_utilization}"
+        )
+    if s.kv_cache_memory_bytes is not None and s.kv_cache_memory_bytes < 1:
+        raise ConfigError(
+            f"{section}.kv_cache_memory_bytes must be positive, got {s.kv_cache_memory_bytes}"
+        )
+    if s.weight_transport not in _TRANSPORTS:
+        raise ConfigError(
+            f"{section}.weight_transport={s.weight_transport!r} is not one of {_TRANSPORTS}"
+        )
+    if reserved := _RESERVED_ARGS & set(s.engine_args):
+        raise ConfigError(
+            f"{section}.engine_args may not set {sorted(reserved)}: VLLMEngine sets them itself "
+            "(the model directory is model.path / vllm.model)"
+        )
 
 
 @dataclass

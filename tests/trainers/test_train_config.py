@@ -30,8 +30,21 @@ def test_the_shipped_example_loads_and_overrides_win() -> None:
     assert cfg.rollout.base() == RolloutConfig(
         **{f.name: getattr(cfg.rollout, f.name) for f in dataclasses.fields(RolloutConfig)}
     )
-    settings = cfg.engine_settings()
-    assert settings["max_model_len"] == 384 + 64 and settings["dtype"] == "float32"
+    assert cfg.engine.dtype == "float32" and cfg.engine.max_model_len is None
+    settings = cfg.engine_settings()  # the derived settings filled in
+    assert settings["max_model_len"] == 384 + 64 and settings["seed"] == cfg.trainer.seed
+
+
+def test_the_engine_section_is_vllm_config_without_model_and_with_its_defaults() -> None:
+    from agentloop.engines.vllm import VLLMConfig
+    from agentloop.trainers.config import EngineConfig
+
+    vllm = {f.name: f for f in dataclasses.fields(VLLMConfig)}
+    section = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    assert set(section) == set(vllm) - {"model"}
+    derived = {"max_model_len", "seed"}  # None: from the rollout budget and trainer.seed
+    for name in set(section) - derived - {"engine_args"}:
+        assert section[name].default == vllm[name].default, name
 
 
 def test_yaml_round_trip(tmp_path: Path) -> None:
@@ -85,7 +98,10 @@ def test_the_loader_takes_any_dataclass_schema(tmp_path: Path) -> None:
         (["actor.temperature=0.7"], r"actor\.temperature=0\.7 but rollout\.temperature=1\.0"),
         (["algorithm.overlong_buffer=100"], r"overlong_buffer=100 exceeds .*max_response_len=64"),
         (["algorithm.dynamic_sampling=true", "rollout.n=1"], r"dynamic_sampling.*rollout\.n >= 2"),
-        (["engine.kv_cache=1"], r"engine\.kv_cache is not a vLLM engine setting"),
+        (["engine.kv_cache=1"], r"engine\.kv_cache: Key 'kv_cache' not in .* kv_cache_memory_b"),
+        (["engine.weight_transport=nccl"], r"engine\.weight_transport: Invalid value 'nccl'"),
+        (["engine.max_num_seqs=0"], r"engine\.max_num_seqs must be >= 1, got 0"),
+        (["engine.engine_args={model: x}"], r"engine\.engine_args may not set \['model'\]"),
         (["algorithm.adv_estimator=ppo"], r"algorithm\.adv_estimator='ppo': must be one of"),
         (["trainer.placement=slurm"], r"trainer\.placement='slurm': must be one of"),
         (["rollout.replay=/no/such/dir"], r"rollout\.replay='/no/such/dir': is not a directory"),
