@@ -19,9 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentloop.envs.rewards import Reward, extract_final_answer, math_equal, normalize_answer
 from agentloop.envs.task_files import TaskFiles, TaskSchema
-from agentloop.envs.tool_env import ToolEnv
+from agentloop.envs.zoom_env import ZoomToolEnv
 from agentloop.errors import EnvError, RewardError
-from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, set_current_image, zoom_tool
+from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
 from agentloop.types import Message, Task
 
 __all__ = [
@@ -176,7 +176,7 @@ def _load_image(path: str) -> Any:
         return im.convert("RGB")
 
 
-class DeepEyesEnv(ToolEnv):
+class DeepEyesEnv(ZoomToolEnv):
     """Image questions from task files (``files``: split name → task file; each row names its
     image file) with ``image_zoom_in`` on the task's image. ``judge_url`` (optional) scores
     accuracy with an LLM judge (:class:`HttpJudge`, model ``judge_model``)."""
@@ -208,14 +208,6 @@ class DeepEyesEnv(ToolEnv):
             ) from None
         system = [Message("system", self.system_prompt)] if self.system_prompt else []
         return [*system, Message("user", str(task.data["prompt"]), images=(image,))]
-
-    async def reset(
-        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
-    ) -> tuple[list[Message], dict[str, Any]]:
-        messages, info = await super().reset(seed=seed, options=options)
-        assert self._session is not None  # reset() opened it
-        set_current_image(self._session.context, messages[-1].images[0])
-        return messages, info
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
         return self.files.tasks(split, limit)

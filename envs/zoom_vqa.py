@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text
-from agentloop.envs.tool_env import ToolEnv
+from agentloop.envs.zoom_env import ZoomToolEnv
 from agentloop.errors import EnvError
-from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, set_current_image, zoom_tool
+from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
 from agentloop.types import Message, Task
 
 __all__ = [
@@ -135,7 +135,7 @@ def zoom_reward(task: Task, messages: Sequence[Message]) -> Reward:
     )
 
 
-class ZoomVQAEnv(ToolEnv):
+class ZoomVQAEnv(ZoomToolEnv):
     """Questions about a detail of a 1024x768 synthetic image: a 3-character code or a count of
     dots in a small coloured panel. The user turn carries the image; ``image_zoom_in`` crops it
     (``min_side`` / ``max_pixels`` set the crop limits)."""
@@ -156,14 +156,6 @@ class ZoomVQAEnv(ToolEnv):
             Message("system", SYSTEM_PROMPT),
             Message("user", task.data["prompt"], images=(image,)),
         ]
-
-    async def reset(
-        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
-    ) -> tuple[list[Message], dict[str, Any]]:
-        messages, info = await super().reset(seed=seed, options=options)
-        assert self._session is not None  # reset() opened it
-        set_current_image(self._session.context, messages[-1].images[0])
-        return messages, info
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
         n = limit if limit is not None else 10_000
