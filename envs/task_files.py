@@ -124,6 +124,14 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
                 ) from None
 
 
+def _bad_rows(head: str, bad: Sequence[str], fix: str) -> EnvError:
+    """One error for all bad rows: ``head``, the first ``MAX_REPORTED`` rows' problems (one an
+    indented line), how many more there are, and ``fix``."""
+    listed = "".join(f"\n  {row}" for row in bad[:MAX_REPORTED])
+    more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
+    return EnvError(f"{head}:{listed}{more}\n{fix}")
+
+
 def _check(rows: Iterable[tuple[str, Any]], schema: TaskSchema, what: str) -> list[dict[str, Any]]:
     """All rows if every one is valid and ids are unique, else an EnvError listing bad rows."""
     good: list[dict[str, Any]] = []
@@ -134,17 +142,15 @@ def _check(rows: Iterable[tuple[str, Any]], schema: TaskSchema, what: str) -> li
         if not problems and row["id"] in seen:
             problems = [f"id {row['id']!r} repeats {seen[row['id']]}; ids must be unique"]
         if problems:
-            bad.append(f"  {where}: " + "; ".join(problems))
+            bad.append(f"{where}: " + "; ".join(problems))
             continue
         seen[row["id"]] = where
         good.append(row)
     if bad:
-        more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
-        raise EnvError(
-            f"{what}: {len(bad)} bad {schema.name} row(s) (of {len(bad) + len(good)}):\n"
-            + "\n".join(bad[:MAX_REPORTED])
-            + more
-            + "\nfix those rows in the source data, or drop them when converting"
+        raise _bad_rows(
+            f"{what}: {len(bad)} bad {schema.name} row(s) (of {len(bad) + len(good)})",
+            bad,
+            "fix those rows in the source data, or drop them when converting",
         )
     if not good:
         raise EnvError(f"{what} holds no {schema.name} rows")
@@ -207,13 +213,11 @@ def convert_rows(
         if converted is not None:
             out.append(converted)
     if bad and not skip_bad:
-        more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
-        raise EnvError(
-            f"{len(bad)} of {total} rows cannot be converted:\n  "
-            + "\n  ".join(bad[:MAX_REPORTED])
-            + more
-            + "\ncheck that the file is the dataset named in the recipe's README, or pass "
-            "--skip-bad to leave those rows out"
+        raise _bad_rows(
+            f"{len(bad)} of {total} rows cannot be converted",
+            bad,
+            "check that the file is the dataset named in the recipe's README, or pass "
+            "--skip-bad to leave those rows out",
         )
     return out, bad
 

@@ -37,6 +37,7 @@ __all__ = [
     "TOKEN_IDS",
     "cached_build",
     "make_tiny_model",
+    "save_seeded_model",
     "tiny_model_dir",
     "train_tokenizer",
 ]
@@ -278,9 +279,25 @@ def _save_tokenizer(tok: Tokenizer, out: Path, chat_template: str = CHAT_TEMPLAT
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
-def _save_model(out: Path, *, seed: int, dtype: str, vocab_size: int) -> None:
+def save_seeded_model(model_class: Any, config: Any, out: Path, *, seed: int, dtype: str) -> None:
+    """Save ``model_class(config)`` to ``out`` (safetensors): initialised from ``seed`` without
+    touching the caller's RNG, in ``dtype``, generating until the tiny chat's ``<|im_end|>``."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(
+        bos_token_id=None,
+        eos_token_id=TOKEN_IDS["<|im_end|>"],
+        pad_token_id=TOKEN_IDS["<|endoftext|>"],
+    )
+    model.save_pretrained(str(out), safe_serialization=True)
+
+
+def _save_model(out: Path, *, seed: int, dtype: str, vocab_size: int) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     # head_dim is not a declared Qwen2Config field (it defaults to hidden/heads); write it anyway
     # so every reader (vLLM included) sees 64 without recomputing it.
@@ -301,15 +318,7 @@ def _save_model(out: Path, *, seed: int, dtype: str, vocab_size: int) -> None:
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         **layout,
     )
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
-    model.generation_config = GenerationConfig(
-        bos_token_id=None,
-        eos_token_id=TOKEN_IDS["<|im_end|>"],
-        pad_token_id=TOKEN_IDS["<|endoftext|>"],
-    )
-    model.save_pretrained(str(out), safe_serialization=True)
+    save_seeded_model(Qwen2ForCausalLM, config, out, seed=seed, dtype=dtype)
 
 
 def make_tiny_model(

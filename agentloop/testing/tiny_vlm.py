@@ -19,6 +19,7 @@ from agentloop.testing.tiny import (
     TOKEN_IDS,
     _save_tokenizer,
     cached_build,
+    save_seeded_model,
     train_tokenizer,
 )
 from agentloop.vision import VISION_TOKENS
@@ -110,8 +111,7 @@ def make_tiny_vlm(
     Deterministic like :func:`~agentloop.testing.tiny.make_tiny_model`; the vision tokens are
     the last five ids of the vocabulary.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -125,15 +125,7 @@ def make_tiny_vlm(
     tok = _tokenizer(vocab_size)
     _save_tokenizer(tok, out, chat_template=VISION_CHAT_TEMPLATE)
     config = _config(tok.get_vocab(), vocab_size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config).to(getattr(torch, dtype))
-    model.generation_config = GenerationConfig(
-        bos_token_id=None,
-        eos_token_id=TOKEN_IDS["<|im_end|>"],
-        pad_token_id=TOKEN_IDS["<|endoftext|>"],
-    )
-    model.save_pretrained(str(out), safe_serialization=True)
+    save_seeded_model(Qwen2_5_VLForConditionalGeneration, config, out, seed=seed, dtype=dtype)
     Qwen2VLImageProcessorPil(min_pixels=_MIN_PIXELS, max_pixels=_MAX_PIXELS).save_pretrained(out)
     return out
 
