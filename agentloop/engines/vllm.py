@@ -14,10 +14,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentloop.engines.base import SamplingParams
+from agentloop.engines.base import SamplingParams, prompt_token_ids
 from agentloop.engines.gate import WeightGate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
@@ -229,12 +229,7 @@ class VLLMEngine:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
     @property
@@ -347,7 +342,7 @@ class VLLMEngine:
         """Sample a continuation of ``prompt_ids``; see :class:`agentloop.engines.base.Engine`.
         ``images`` (PIL) are those whose placeholder runs ``prompt_ids`` holds, in order (VLMs)."""
         llm = self._require_llm()
-        prompt = _token_ids(prompt_ids)
+        prompt = prompt_token_ids(prompt_ids)
         if not prompt:
             raise InferenceError("prompt_ids is empty; a prompt needs at least one token")
         if len(prompt) >= self.config.max_model_len:
@@ -627,13 +622,3 @@ def _reap(procs: list[Any], timeout: float) -> None:
             proc.kill()
     psutil.wait_procs(alive, timeout=timeout)
     multiprocessing.active_children()  # join exited children so no zombies remain
-
-
-def _token_ids(prompt_ids: Sequence[int]) -> list[int]:
-    """The prompt as a list of ints, or a clear error naming what was passed instead."""
-    try:
-        return [int(t) for t in prompt_ids]
-    except (TypeError, ValueError) as e:
-        raise InferenceError(
-            f"prompt_ids must be a sequence of token ids (ints), got {str(prompt_ids)[:80]!r}"
-        ) from e
