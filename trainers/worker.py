@@ -336,11 +336,7 @@ class PolicyWorker:
                 f"kl_coef={cfg.kl_coef} but some sequences have no ref_logprobs; compute them "
                 "with the reference worker's compute_logprobs, or set kl_coef=0"
             )
-        self.model.train()
-        batches = self._micro_batches(seqs)
-        tokens, num_seqs = all_reduce_sum([float(c) for c in loss_counts(batches)])
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.zero_grad(set_to_none=True)
+        batches, tokens, num_seqs = self._begin_step(seqs)
         sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=self.device)
         tis_max = torch.zeros((), device=self.device)
         for mb in batches:
@@ -348,23 +344,12 @@ class PolicyWorker:
             loss.backward()
             sums += stats  # stays on the device: one sync per step, not per micro-batch
             tis_max = torch.maximum(tis_max, mb_tis_max)
-        grad_norm = self._clip_and_step()
-        self.scheduler.step()
-        self.step += 1
+        common = self._finish_step(batches, tokens, num_seqs)
         total = all_reduce_sum(sums.tolist())
         out = dict(zip(_SUM_KEYS, total, strict=True))
         for k in ("entropy", "kl", *_TOKEN_MEAN_KEYS):
             out[k] /= max(tokens, 1.0)
-        out.update(
-            tis_max=all_reduce_max([float(tis_max)])[0],
-            grad_norm=grad_norm,
-            step_skipped=float(not math.isfinite(grad_norm)),
-            lr=lr,
-            tokens=tokens,
-            seqs=num_seqs,
-            micro_batches=float(len(batches)),
-        )
-        return out
+        return {**out, "tis_max": all_reduce_max([float(tis_max)])[0], **common}
 
     def sft_step(self, seqs: Sequence[TrainSeq]) -> dict[str, float]:
         """One optimiser step of supervised fine-tuning on this rank's share of a batch: the mean
@@ -372,11 +357,7 @@ class PolicyWorker:
         temperature 1, so it does not depend on packing, micro-batch or DP size). Other
         ``TrainSeq`` fields are ignored. Metrics: ``loss`` (that NLL, before the step),
         ``grad_norm``, ``step_skipped``, ``lr``, ``tokens``, ``seqs``, ``micro_batches``."""
-        self.model.train()
-        batches = self._micro_batches(seqs)
-        tokens, num_seqs = all_reduce_sum([float(c) for c in loss_counts(batches)])
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.zero_grad(set_to_none=True)
+        batches, tokens, num_seqs = self._begin_step(seqs)
         nll = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in batches:
             mb = mb.to(self.device)
@@ -384,18 +365,35 @@ class PolicyWorker:
             loss = agg_loss(-lp, mb.loss_mask, "token-mean", global_token_count=tokens)
             loss.backward()
             nll += loss.detach().double()
+        common = self._finish_step(batches, tokens, num_seqs)
+        return {"loss": all_reduce_sum([float(nll)])[0], **common}
+
+    def _begin_step(self, seqs: Sequence[TrainSeq]) -> tuple[list[MicroBatch], float, float]:
+        """Train mode and zeroed gradients; this rank's micro-batches of ``seqs`` with the global
+        (all-rank) counts of loss tokens and sequences that normalise every loss."""
+        self.model.train()
+        batches = self._micro_batches(seqs)
+        tokens, num_seqs = all_reduce_sum([float(c) for c in loss_counts(batches)])
+        self.optimizer.zero_grad(set_to_none=True)
+        return batches, tokens, num_seqs
+
+    def _finish_step(
+        self, batches: Sequence[MicroBatch], tokens: float, num_seqs: float
+    ) -> dict[str, float]:
+        """Clip and step the optimiser and the schedule; the metrics every kind of step reports
+        (``lr`` is the one the step used)."""
+        lr = float(self.scheduler.get_last_lr()[0])
         grad_norm = self._clip_and_step()
         self.scheduler.step()
         self.step += 1
-        return dict(
-            loss=all_reduce_sum([float(nll)])[0],
-            grad_norm=grad_norm,
-            step_skipped=float(not math.isfinite(grad_norm)),
-            lr=lr,
-            tokens=tokens,
-            seqs=num_seqs,
-            micro_batches=float(len(batches)),
-        )
+        return {
+            "grad_norm": grad_norm,
+            "step_skipped": float(not math.isfinite(grad_norm)),
+            "lr": lr,
+            "tokens": tokens,
+            "seqs": num_seqs,
+            "micro_batches": float(len(batches)),
+        }
 
     def _loss(
         self, mb: MicroBatch, tokens: float, num_seqs: float
