@@ -118,8 +118,8 @@ class Toolset:
             raise ToolError(self.unknown_tool_message(name)) from None
 
     def unknown_tool_message(self, name: str) -> str:
-        available = ", ".join(self._tools) or "(none)"
-        return f"unknown tool {name!r}.{did_you_mean(name, self._tools)} Available tools: {available}."
+        hint, available = did_you_mean(name, self._tools), ", ".join(self._tools) or "(none)"
+        return f"unknown tool {name!r}.{hint} Available tools: {available}."
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
