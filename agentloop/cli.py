@@ -65,8 +65,11 @@ def _cmd_serve_sandbox(args: argparse.Namespace) -> int:
 
 def _add_serve_search(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--corpus", help="JSONL corpus ({id, title, text} or Search-R1 {id, contents}); "
-        "'searchqa' writes the SearchQA-v0 corpus; needed to build a missing index")  # fmt: skip
+    add(
+        "--corpus",
+        help="JSONL corpus ({id, title, text} or Search-R1 {id, contents}); "
+        "'searchqa' writes the SearchQA-v0 corpus; needed to build a missing index",
+    )
     add("--index", required=True, help="index directory (built from --corpus if missing)")
     add("--kind", choices=("bm25", "dense", "hybrid"), default="bm25", help="default: bm25")
     add("--rebuild", action="store_true", help="rebuild the index even if DIR holds one")
@@ -102,10 +105,12 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE",
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
         help="overrides of the recipe's {demo,sft,grpo}.yaml, e.g. demo.out_dir=runs/d2 "
         "sft.trainer.max_steps=300 grpo.trainer.total_steps=20",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--recipe", default=None, help="recipe dir (default: the shipped tiny_retool recipe)"
     )
@@ -133,9 +138,14 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
         help="default: vllm if installed, else hf",
     )
     add("--base-url", help="API root of an OpenAI-compatible server (--engine openai)")
-    add("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+    add(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="engine setting, repeatable (vLLM: enforce_eager=true, kv_cache_memory_bytes=...; "
-             "openai: served_model=NAME)")  # fmt: skip
+        "openai: served_model=NAME)",
+    )
     add("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env kwarg, repeatable")
     for flag, kind in (
         ("max-turns", int),
@@ -173,16 +183,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     missing = [f"--{k}" for k in ("env", "model", "out") if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"agentloop eval needs {', '.join(missing)} (or --compare RUN_A RUN_B)")
-    names = ("max_turns", "max_prompt_len", "max_response_len", "max_tool_output_tokens",
-             "temperature", "top_p", "top_k", "timeout_s", "parser")  # fmt: skip
+    names = (
+        "max_turns",
+        "max_prompt_len",
+        "max_response_len",
+        "max_tool_output_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "timeout_s",
+        "parser",
+    )
     rollout = RolloutConfig(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
     config = EvalConfig(
-        env=args.env, model=args.model, out=Path(args.out), n=args.n, num_tasks=args.num_tasks,
-        split=args.split, engine=args.engine, base_url=args.base_url, seed=args.seed,
-        concurrency=args.concurrency, resume=args.resume, pass_threshold=args.pass_threshold,
-        rollout=rollout, env_kwargs=_key_values(args.env_arg),
+        env=args.env,
+        model=args.model,
+        out=Path(args.out),
+        n=args.n,
+        num_tasks=args.num_tasks,
+        split=args.split,
+        engine=args.engine,
+        base_url=args.base_url,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        resume=args.resume,
+        pass_threshold=args.pass_threshold,
+        rollout=rollout,
+        env_kwargs=_key_values(args.env_arg),
         engine_args=_key_values(args.engine_arg),
-    )  # fmt: skip
+    )
     # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     summary = run_eval(config, progress=not args.quiet)
@@ -286,11 +315,16 @@ def _cmd_make_calc_traces(args: argparse.Namespace) -> int:
     from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
 
     cfg = TraceConfig(
-        num_traces=args.num, num_compact=args.num_compact,
-        questions_per_compact=args.questions_per_compact, split=args.split,
-        start_index=args.start_index, digits=args.digits, typo_rate=args.typo_rate,
-        seed=args.seed, sandbox=args.sandbox,
-    )  # fmt: skip
+        num_traces=args.num,
+        num_compact=args.num_compact,
+        questions_per_compact=args.questions_per_compact,
+        split=args.split,
+        start_index=args.start_index,
+        digits=args.digits,
+        typo_rate=args.typo_rate,
+        seed=args.seed,
+        sandbox=args.sandbox,
+    )
     rows = asyncio.run(make_calc_traces(cfg))
     out = write_traces(rows, args.out)
     print(f"wrote {len(rows)} conversations ({cfg.num_episodes} episodes) to {out}")

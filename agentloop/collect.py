@@ -95,9 +95,14 @@ async def _safe_rollout(
     try:
         env = factory()
         return await rollout(
-            env, engine, builder, task, config,
-            sample_index=index, seed=stable_seed(seed, task.id, index),
-        )  # fmt: skip
+            env,
+            engine,
+            builder,
+            task,
+            config,
+            sample_index=index,
+            seed=stable_seed(seed, task.id, index),
+        )
     except Exception as exc:
         return Trajectory(
             task_id=task.id,

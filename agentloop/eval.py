@@ -164,8 +164,11 @@ async def open_engine(config: EvalConfig) -> AsyncIterator[Engine]:
         from agentloop.engines.vllm import VLLMEngine
 
         r = config.rollout
-        settings = {"max_model_len": r.max_prompt_len + r.max_response_len, "seed": config.seed,
-                    **config.engine_args}  # fmt: skip
+        settings = {
+            "max_model_len": r.max_prompt_len + r.max_response_len,
+            "seed": config.seed,
+            **config.engine_args,
+        }
         async with VLLMEngine.create(config.model, **settings) as engine:
             yield engine
     else:
@@ -264,10 +267,17 @@ async def _collect_missing(
         started = time.perf_counter()
         for size, group in sorted(by_size.items()):
             await collect(
-                group, config.env, live, builder,
-                config=config.rollout, group_size=size, concurrency=config.concurrency,
-                seed=config.seed, env_kwargs=config.env_kwargs, on_trajectory=on_trajectory,
-            )  # fmt: skip
+                group,
+                config.env,
+                live,
+                builder,
+                config=config.rollout,
+                group_size=size,
+                concurrency=config.concurrency,
+                seed=config.seed,
+                env_kwargs=config.env_kwargs,
+                on_trajectory=on_trajectory,
+            )
         return time.perf_counter() - started
 
 
@@ -302,10 +312,19 @@ def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> se
         _check_resumable(old, config, parts, chash)
         done = {(r["task_id"], r["sample_index"]) for r in read_run(config.out)}
     config.out.mkdir(parents=True, exist_ok=True)
-    info = {"config_hash": chash, "config_parts": dict(parts), "env": config.env,
-            "model": config.model, "split": config.split, "seed": config.seed, "n": config.n,
-            "num_tasks": config.num_tasks, "engine": config.engine,
-            "rollout": dataclasses.asdict(config.rollout), "created": time.time()}  # fmt: skip
+    info = {
+        "config_hash": chash,
+        "config_parts": dict(parts),
+        "env": config.env,
+        "model": config.model,
+        "split": config.split,
+        "seed": config.seed,
+        "n": config.n,
+        "num_tasks": config.num_tasks,
+        "engine": config.engine,
+        "rollout": dataclasses.asdict(config.rollout),
+        "created": time.time(),
+    }
     _write_json(cfg_path, info)
     return done
 

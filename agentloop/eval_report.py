@@ -120,8 +120,13 @@ def summarize(
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajs)
     kinds: Counter[str] = Counter()
     for t in trajs:
-        kinds.update({k.removeprefix("tool_error/"): v for k, v in t.metrics.items()
-                      if k.startswith("tool_error/")})  # fmt: skip
+        kinds.update(
+            {
+                k.removeprefix("tool_error/"): v
+                for k, v in t.metrics.items()
+                if k.startswith("tool_error/")
+            }
+        )
     has_answers = any("answer_key" in r for r in records)
     return EvalSummary(
         env=env,
@@ -234,8 +239,9 @@ def compare_runs(
     res = paired_bootstrap(diffs, n_resamples=n_resamples, seed=seed, confidence=confidence)
     cfg_a, cfg_b = _run_config(Path(a)), _run_config(Path(b))
     parts_a, parts_b = cfg_a.get("config_parts", {}), cfg_b.get("config_parts", {})
-    differ = tuple(sorted(k for k in parts_a.keys() | parts_b.keys()
-                          if parts_a.get(k) != parts_b.get(k)))  # fmt: skip
+    differ = tuple(
+        sorted(k for k in parts_a.keys() | parts_b.keys() if parts_a.get(k) != parts_b.get(k))
+    )
     if res.lo > 0:
         verdict = f"B beats A (B - A = {res.mean_diff:+.4f}, {confidence:.0%} CI excludes 0)"
     elif res.hi < 0:
@@ -243,10 +249,18 @@ def compare_runs(
     else:
         verdict = f"no significant difference ({confidence:.0%} CI of B - A includes 0)"
     return Comparison(
-        str(a), str(b), cfg_a.get("config_hash"), cfg_b.get("config_hash"), differ,
-        len(means_a), len(means_b), _mean([means_a[t] for t in common]),
-        _mean([means_b[t] for t in common]), res, verdict,
-    )  # fmt: skip
+        str(a),
+        str(b),
+        cfg_a.get("config_hash"),
+        cfg_b.get("config_hash"),
+        differ,
+        len(means_a),
+        len(means_b),
+        _mean([means_a[t] for t in common]),
+        _mean([means_b[t] for t in common]),
+        res,
+        verdict,
+    )
 
 
 def _task_means(run: Path) -> dict[str, float]:

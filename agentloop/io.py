@@ -32,13 +32,22 @@ log = logging.getLogger(__name__)
 #: Bumped when the layout of a trajectory dict changes incompatibly.
 FORMAT_VERSION = 1
 _TURN_FIELDS = (
-    "index", "start", "completion_tokens", "observation_tokens", "finish_reason",
-    "tool_calls", "tool_errors", "gen_latency_s", "env_latency_s",
-)  # fmt: skip
+    "index",
+    "start",
+    "completion_tokens",
+    "observation_tokens",
+    "finish_reason",
+    "tool_calls",
+    "tool_errors",
+    "gen_latency_s",
+    "env_latency_s",
+)
 _IMAGE_MAGIC = (
-    (b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"),
+    (b"\x89PNG", "image/png"),
+    (b"\xff\xd8", "image/jpeg"),
+    (b"GIF8", "image/gif"),
     (b"RIFF", "image/webp"),
-)  # fmt: skip
+)
 
 
 def trajectory_to_dict(t: Trajectory) -> dict[str, Any]:

@@ -253,8 +253,15 @@ class Trajectory:
     versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("token_ids", "loss_mask", "logprobs", "turns", "messages", "images",
-                     "versions"):  # fmt: skip
+        for name in (
+            "token_ids",
+            "loss_mask",
+            "logprobs",
+            "turns",
+            "messages",
+            "images",
+            "versions",
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         grids = tuple(tuple(int(v) for v in g) for g in self.image_grids)
         object.__setattr__(self, "image_grids", grids)

@@ -21,8 +21,13 @@ log = logging.getLogger(__name__)
 
 _PLACEHOLDER = "__AGENTLOOP_VIEW_DATA__"
 # Escapes that keep embedded JSON inert inside <script>: no "</script>", no "<!--", no HTML.
-_SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
-                0x2028: "\\u2028", 0x2029: "\\u2029"}  # fmt: skip
+_SCRIPT_SAFE = {
+    ord("<"): "\\u003c",
+    ord(">"): "\\u003e",
+    ord("&"): "\\u0026",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
 
 
 def write_view(

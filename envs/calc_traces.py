@@ -57,8 +57,13 @@ class TraceConfig:
     concurrency: int = 8
 
     def __post_init__(self) -> None:
-        counts = (self.num_traces, self.num_compact, self.start_index, self.concurrency - 1,
-                  self.questions_per_compact - 1)  # fmt: skip
+        counts = (
+            self.num_traces,
+            self.num_compact,
+            self.start_index,
+            self.concurrency - 1,
+            self.questions_per_compact - 1,
+        )
         if min(counts) < 0 or self.num_traces + self.num_compact < 1:
             raise EnvError(
                 "TraceConfig needs num_traces, num_compact, start_index >= 0 (one of the counts "
@@ -225,8 +230,9 @@ async def make_calc_traces(config: TraceConfig) -> list[dict[str, Any]]:
     n = config.num_episodes
     rng = random.Random(f"calc-traces/{config.seed}")
     typos = set(rng.sample(range(n), round(config.typo_rate * n)))
-    tasks = [make_calc_task(config.split, config.start_index + i, digits=config.digits)
-             for i in range(n)]  # fmt: skip
+    tasks = [
+        make_calc_task(config.split, config.start_index + i, digits=config.digits) for i in range(n)
+    ]
     slots = asyncio.Semaphore(config.concurrency)
 
     async def one(i: int) -> tuple[list[Message], list[dict[str, Any]], float]:

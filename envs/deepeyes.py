@@ -122,8 +122,12 @@ class HttpJudge:
         import aiohttp
 
         prompt = _JUDGE_PROMPT.format(question=question, gold=gold, answer=answer)
-        body = {"model": self.model, "temperature": 0.0, "max_tokens": 4,
-                "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+        body = {
+            "model": self.model,
+            "temperature": 0.0,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": prompt}],
+        }
         url = self.base_url.rstrip("/") + "/chat/completions"
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         last = ""
@@ -163,9 +167,13 @@ async def deepeyes_reward(
     value = deepeyes_score(correct=correct, format_ok=format_ok, zoomed=zooms > 0)
     return Reward(
         value,
-        {"correct": float(correct), "format_ok": float(format_ok),
-         "zoom_calls": float(zooms), "tool_bonus": float(correct and zooms > 0)},
-    )  # fmt: skip
+        {
+            "correct": float(correct),
+            "format_ok": float(format_ok),
+            "zoom_calls": float(zooms),
+            "tool_bonus": float(correct and zooms > 0),
+        },
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -43,14 +43,58 @@ SYSTEM_PROMPT = (
     "\\boxed{answer}."
 )
 _SPLITS = ("train", "test")
-_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br",
-           "dr", "gr", "kr", "tr", "st", "th", "sh")  # fmt: skip
+_ONSETS = (
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "gr",
+    "kr",
+    "tr",
+    "st",
+    "th",
+    "sh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ei", "ou")
 _CODAS = ("", "", "n", "r", "s", "l", "th", "nd", "rk", "x")
-_JOBS = ("chemist", "architect", "composer", "engineer", "painter", "surgeon", "botanist",
-         "historian", "pilot", "economist")  # fmt: skip
-_INDUSTRIES = ("shipping", "software", "textile", "mining", "aerospace", "publishing", "brewing",
-               "robotics", "insurance", "glassware")  # fmt: skip
+_JOBS = (
+    "chemist",
+    "architect",
+    "composer",
+    "engineer",
+    "painter",
+    "surgeon",
+    "botanist",
+    "historian",
+    "pilot",
+    "economist",
+)
+_INDUSTRIES = (
+    "shipping",
+    "software",
+    "textile",
+    "mining",
+    "aerospace",
+    "publishing",
+    "brewing",
+    "robotics",
+    "insurance",
+    "glassware",
+)
 _SUFFIXES = ("Systems", "Industries", "Works", "Holdings", "Labs", "Group", "Trading", "Motors")
 
 
@@ -66,8 +110,9 @@ class _Names:
 
     def word(self, syllables: int) -> str:
         while True:
-            w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS)
-                        for _ in range(syllables)) + self.rng.choice(_CODAS)  # fmt: skip
+            w = "".join(
+                self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(syllables)
+            ) + self.rng.choice(_CODAS)
             if w not in self.used:
                 self.used.add(w)
                 return w.capitalize()
@@ -80,25 +125,49 @@ def _world(seed: int, countries: int, cities: int, people: int, companies: int) 
     qs: list[dict[str, Any]] = []
     country = [(names.word(2), names.word(2).lower()) for _ in range(countries)]
     city = [(names.word(rng.choice((2, 3))), rng.randrange(countries)) for _ in range(cities)]
-    capital = {c: next((i for i, (_, cc) in enumerate(city) if cc == c), None)
-               for c in range(countries)}  # fmt: skip
+    capital = {
+        c: next((i for i, (_, cc) in enumerate(city) if cc == c), None) for c in range(countries)
+    }
     for i, (name, currency) in enumerate(country):
         cap = capital[i]
         cap_text = f" Its capital is {city[cap][0]}." if cap is not None else ""
         text = f"{name} is a country whose currency is the {currency}.{cap_text}"
         ps.append(Passage(f"country-{i:04d}", name, text))
     for i, (name, c) in enumerate(city):
-        text = (f"{name} is a city in {country[c][0]} with about {rng.randrange(20, 900)},000 "
-                f"inhabitants, on the {names.word(2)} river.")  # fmt: skip
+        text = (
+            f"{name} is a city in {country[c][0]} with about {rng.randrange(20, 900)},000 "
+            f"inhabitants, on the {names.word(2)} river."
+        )
         ps.append(Passage(f"city-{i:04d}", name, text))
-        qs.append({"q": f"What is the currency of the country in which {name} lies?",
-                   "a": country[c][1], "hops": [(name, f"city-{i:04d}"),
-                                                (country[c][0], f"country-{c:04d}")]})  # fmt: skip
+        qs.append(
+            {
+                "q": f"What is the currency of the country in which {name} lies?",
+                "a": country[c][1],
+                "hops": [(name, f"city-{i:04d}"), (country[c][0], f"country-{c:04d}")],
+            }
+        )
     person = [(f"{names.word(2)} {names.word(2)}", rng.randrange(cities)) for _ in range(people)]
     for i, (name, c) in enumerate(person):
-        text = (f"{name} is a {rng.choice(_JOBS)} born in {city[c][0]} in "
-                f"{rng.randrange(1900, 2000)}.")  # fmt: skip
+        text = (
+            f"{name} is a {rng.choice(_JOBS)} born in {city[c][0]} in {rng.randrange(1900, 2000)}."
+        )
         ps.append(Passage(f"person-{i:04d}", name, text))
+    _add_companies(rng, names, companies, person, city, country, ps, qs)
+    return _World(tuple(ps), tuple(qs))
+
+
+def _add_companies(
+    rng: random.Random,
+    names: _Names,
+    companies: int,
+    person: list[tuple[str, int]],
+    city: list[tuple[str, int]],
+    country: list[tuple[str, str]],
+    ps: list[Passage],
+    qs: list[dict[str, Any]],
+) -> None:
+    """Company passages, each with three questions of 2-3 hops through founder, city, country."""
+    people, cities = len(person), len(city)
     for i in range(companies):
         name = f"{names.word(2)} {rng.choice(_SUFFIXES)}"
         f, hq = rng.randrange(people), rng.randrange(cities)
@@ -110,8 +179,13 @@ def _world(seed: int, countries: int, cities: int, people: int, companies: int) 
         ps.append(Passage(f"company-{i:04d}", name, text))
         hop_company, hop_founder = (name, f"company-{i:04d}"), (founder, f"person-{f:04d}")
         hop_city = (city[born][0], f"city-{born:04d}")
-        qs.append({"q": f"In which city was the founder of {name} born?", "a": city[born][0],
-                   "hops": [hop_company, hop_founder]})  # fmt: skip
+        qs.append(
+            {
+                "q": f"In which city was the founder of {name} born?",
+                "a": city[born][0],
+                "hops": [hop_company, hop_founder],
+            }
+        )
         qs.append(
             {
                 "q": f"In which country was the founder of {name} born?",
@@ -119,10 +193,13 @@ def _world(seed: int, countries: int, cities: int, people: int, companies: int) 
                 "hops": [hop_company, hop_founder, hop_city],
             }
         )
-        qs.append({"q": f"In which country are the headquarters of {name}?",
-                   "a": country[city[hq][1]][0],
-                   "hops": [hop_company, (city[hq][0], f"city-{hq:04d}")]})  # fmt: skip
-    return _World(tuple(ps), tuple(qs))
+        qs.append(
+            {
+                "q": f"In which country are the headquarters of {name}?",
+                "a": country[city[hq][1]][0],
+                "hops": [hop_company, (city[hq][0], f"city-{hq:04d}")],
+            }
+        )
 
 
 @functools.cache
@@ -138,8 +215,13 @@ def searchqa_corpus() -> list[Passage]:
 def synthetic_corpus(num_docs: int, seed: int = 1) -> list[Passage]:
     """A larger corpus of the same kind with about ``num_docs`` passages (benchmarks)."""
     n = max(num_docs, 20)
-    world = _world(seed, countries=max(n // 100, 4), cities=n // 10, people=n // 2,
-                   companies=n - n // 100 - n // 10 - n // 2)  # fmt: skip
+    world = _world(
+        seed,
+        countries=max(n // 100, 4),
+        cities=n // 10,
+        people=n // 2,
+        companies=n - n // 100 - n // 10 - n // 2,
+    )
     return list(world.passages[:num_docs])
 
 

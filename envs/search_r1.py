@@ -54,13 +54,19 @@ def search_r1_reward(task: Task, messages: Sequence[Message]) -> Reward:
         answer = None
     golds = [str(g) for g in task.data["answer"]]
     em = exact_match(answer, golds)
-    searches = sum(1 for m in messages if m.role == "assistant" for c in m.tool_calls
-                   if c.name == "search")  # fmt: skip
+    searches = sum(
+        1 for m in messages if m.role == "assistant" for c in m.tool_calls if c.name == "search"
+    )
     return Reward(
         float(em),
-        {"em": float(em), "f1": f1_score(answer, golds), "has_answer": float(answer is not None),
-         "search_calls": float(searches), "used_search": float(searches > 0)},
-    )  # fmt: skip
+        {
+            "em": float(em),
+            "f1": f1_score(answer, golds),
+            "has_answer": float(answer is not None),
+            "search_calls": float(searches),
+            "used_search": float(searches > 0),
+        },
+    )
 
 
 class SearchR1Env(ToolEnv):

@@ -32,8 +32,14 @@ __all__ = [
 
 #: How many bad rows an error lists before it only counts the rest.
 MAX_REPORTED = 5
-_JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number",
-                                bool: "true/false", list: "a list", dict: "an object"}  # fmt: skip
+_JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true/false",
+    list: "a list",
+    dict: "an object",
+}
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,10 @@ class TaskSchema:
             elif isinstance(value, list) and name in self.list_of:
                 item = self.list_of[name]
                 if not value or not all(_is(v, (item,)) for v in value):
-                    out.append(f"'{name}' is {_short(value)}; give a non-empty list of "
-                               f"{_JSON_TYPES.get(item, item.__name__)}s")  # fmt: skip
+                    out.append(
+                        f"'{name}' is {_short(value)}; give a non-empty list of "
+                        f"{_JSON_TYPES.get(item, item.__name__)}s"
+                    )
         return out
 
 

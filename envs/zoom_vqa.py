@@ -27,8 +27,13 @@ SYSTEM_PROMPT = (
     "final answer as \\boxed{answer}."
 )
 _SPLITS = ("train", "test")
-_COLORS = {"red": (220, 40, 40), "blue": (40, 80, 220), "green": (30, 160, 60),
-           "orange": (240, 140, 20), "purple": (140, 50, 180)}  # fmt: skip
+_COLORS = {
+    "red": (220, 40, 40),
+    "blue": (40, 80, 220),
+    "green": (30, 160, 60),
+    "orange": (240, 140, 20),
+    "purple": (140, 50, 180),
+}
 _SHAPES = ("circle", "square", "triangle")
 _CODE_CHARS = "ACDEFHJKLMNPRTUVWXY34679"  # no look-alikes (0/O, 1/I, 5/S, 8/B)
 _WIDTH, _HEIGHT = 1024, 768
@@ -65,8 +70,14 @@ def make_zoom_task(split: str, index: int) -> Task:
 
 def render_zoom_image(task: Task) -> Any:
     """The task's image (PIL, RGB), drawn from its data; the same task gives the same pixels."""
-    return _render(task.id, task.data["seed"], task.data["kind"], task.data["color"],
-                   tuple(task.data["target_bbox"]), task.data["answer"]).copy()  # fmt: skip
+    return _render(
+        task.id,
+        task.data["seed"],
+        task.data["kind"],
+        task.data["color"],
+        tuple(task.data["target_bbox"]),
+        task.data["answer"],
+    ).copy()
 
 
 @functools.lru_cache(maxsize=16)
@@ -92,8 +103,9 @@ def _render(
     draw.rectangle((x1, y1, x2, y2), fill=_COLORS[color])
     if kind == "code":
         font = ImageFont.load_default(size=14)
-        draw.text(((x1 + x2) / 2, (y1 + y2) / 2), answer, fill=(255, 255, 255), font=font,
-                  anchor="mm")  # fmt: skip
+        draw.text(
+            ((x1 + x2) / 2, (y1 + y2) / 2), answer, fill=(255, 255, 255), font=font, anchor="mm"
+        )
     else:
         for i in range(int(answer)):
             dx, dy = 10 + (i % 4) * 12, 16 + (i // 4) * 14

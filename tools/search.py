@@ -149,8 +149,9 @@ class FakeRetriever:
             words = set(_WORD.findall(q.lower()))
             scored = [(len(words & w), i) for i, w in enumerate(self._words)]
             ranked = sorted((s for s in scored if s[0] > 0), key=lambda s: (-s[0], s[1]))
-            out.append([dataclasses.replace(self.passages[i], score=float(s))
-                        for s, i in ranked[:topk]])  # fmt: skip
+            out.append(
+                [dataclasses.replace(self.passages[i], score=float(s)) for s, i in ranked[:topk]]
+            )
         return out
 
 
@@ -218,7 +219,9 @@ def search_tool(
     if not isinstance(retriever, Retriever):
         raise ConfigError(f"search_tool needs a Retriever or a URL, got {type(retriever).__name__}")
     if max_topk < 1 or max_chars < 100:
-        raise ConfigError(f"search_tool(max_topk={max_topk}, max_chars={max_chars}): need "
-                          "max_topk >= 1 and max_chars >= 100")  # fmt: skip
+        raise ConfigError(
+            f"search_tool(max_topk={max_topk}, max_chars={max_chars}): need "
+            "max_topk >= 1 and max_chars >= 100"
+        )
     fn = _search(retriever, max_topk, max_chars)
     return dataclasses.replace(_TEMPLATE, name=name, fn=fn, timeout_s=timeout_s)

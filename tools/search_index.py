@@ -206,8 +206,10 @@ class DenseIndex:
     def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
         vectors = self.encoder.encode(queries)
         scores, rows = self.index.search(vectors, min(k, len(self.docs)))
-        return [[(int(r), float(s)) for r, s in zip(rr, ss, strict=True) if r >= 0]
-                for rr, ss in zip(rows.tolist(), scores.tolist(), strict=True)]  # fmt: skip
+        return [
+            [(int(r), float(s)) for r, s in zip(rr, ss, strict=True) if r >= 0]
+            for rr, ss in zip(rows.tolist(), scores.tolist(), strict=True)
+        ]
 
 
 class HybridIndex:
@@ -263,8 +265,12 @@ def build_index(
     if "dense" in kinds:
         encoder = encoder or MiniLMEncoder()
         DenseIndex.build(texts, out, encoder, progress=progress)
-    meta = {"format": _FORMAT, "kinds": kinds, "num_docs": len(docs),
-            "encoder": encoder.name if encoder else None}  # fmt: skip
+    meta = {
+        "format": _FORMAT,
+        "kinds": kinds,
+        "num_docs": len(docs),
+        "encoder": encoder.name if encoder else None,
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 

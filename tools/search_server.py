@@ -167,8 +167,14 @@ def make_app(index: SearchIndex, config: SearchServerConfig | None = None) -> we
         result = []
         for rows in ranked:
             docs = [index.docs.get(r, s) for r, s in rows]
-            result.append([{"document": d.to_document(), "score": d.score} if with_scores
-                           else d.to_document() for d in docs])  # fmt: skip
+            result.append(
+                [
+                    {"document": d.to_document(), "score": d.score}
+                    if with_scores
+                    else d.to_document()
+                    for d in docs
+                ]
+            )
         return web.json_response({"result": result})
 
     async def health(request: web.Request) -> web.Response:

@@ -34,8 +34,13 @@ __all__ = ["ColocatedWorker", "WorkerSpec"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-_ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-                  "float16": torch.float16, "half": torch.float16}  # fmt: skip
+_ENGINE_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -177,8 +182,11 @@ class ColocatedWorker:
             lambda: list(self._policy().state_dict_for_inference(dtype=dtype))
         )
         stats = await self.engine.update_weights(named, version=version, interrupt=interrupt)
-        return {"sync/bytes": float(stats.num_bytes), "sync/tensors": float(stats.num_tensors),
-                "sync/engine_load_s": stats.load_s}  # fmt: skip
+        return {
+            "sync/bytes": float(stats.num_bytes),
+            "sync/tensors": float(stats.num_tensors),
+            "sync/engine_load_s": stats.load_s,
+        }
 
     # ------------------------------------------------------------------ disaggregated push
     def push_backend(self) -> str:

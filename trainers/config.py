@@ -92,10 +92,18 @@ class DataConfig:
     epoch alone (a resumed run sees the same order); false: in the split's order."""
 
     def __post_init__(self) -> None:
-        _check("data", self, [
-            (name, getattr(self, name) is None or getattr(self, name) >= 1, "must be >= 1, or null")
-            for name in ("num_train_tasks", "num_val_tasks")
-        ])  # fmt: skip
+        _check(
+            "data",
+            self,
+            [
+                (
+                    name,
+                    getattr(self, name) is None or getattr(self, name) >= 1,
+                    "must be >= 1, or null",
+                )
+                for name in ("num_train_tasks", "num_val_tasks")
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -118,12 +126,19 @@ class TrainRolloutConfig(RolloutConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check("rollout", self, [
-            ("n", self.n >= 1, "must be >= 1 (samples per prompt)"),
-            ("concurrency", self.concurrency >= 1, "must be >= 1"),
-            ("replay", self.replay is None or Path(self.replay).is_dir(),
-             "is not a directory; pass a run's trajectories/ dir (step_NNNNNN.jsonl files)"),
-        ])  # fmt: skip
+        _check(
+            "rollout",
+            self,
+            [
+                ("n", self.n >= 1, "must be >= 1 (samples per prompt)"),
+                ("concurrency", self.concurrency >= 1, "must be >= 1"),
+                (
+                    "replay",
+                    self.replay is None or Path(self.replay).is_dir(),
+                    "is not a directory; pass a run's trajectories/ dir (step_NNNNNN.jsonl files)",
+                ),
+            ],
+        )
 
     def base(self) -> RolloutConfig:
         """The plain :class:`RolloutConfig` the rollout loop takes."""
@@ -173,17 +188,24 @@ class AlgorithmConfig:
     """The largest overlong penalty, reached at ``rollout.max_response_len`` (>= 0)."""
 
     def __post_init__(self) -> None:
-        _check("algorithm", self, [
-            ("adv_estimator", self.adv_estimator in ADV_ESTIMATORS,
-             f"must be one of {ADV_ESTIMATORS}"),
-            ("kl_reward_type", self.kl_reward_type in KL_KINDS, f"must be one of {KL_KINDS}"),
-            ("gamma", 0 < self.gamma <= 1, "must be in (0, 1]"),
-            ("epsilon", self.epsilon > 0, "must be > 0, e.g. 1e-6"),
-            ("kl_reward_coef", self.kl_reward_coef >= 0, "must be >= 0"),
-            ("max_sampling_rounds", self.max_sampling_rounds >= 0, "must be >= 0 (0 = no cap)"),
-            ("overlong_buffer", self.overlong_buffer >= 0, "must be >= 0 (0 = off)"),
-            ("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "must be >= 0"),
-        ])  # fmt: skip
+        _check(
+            "algorithm",
+            self,
+            [
+                (
+                    "adv_estimator",
+                    self.adv_estimator in ADV_ESTIMATORS,
+                    f"must be one of {ADV_ESTIMATORS}",
+                ),
+                ("kl_reward_type", self.kl_reward_type in KL_KINDS, f"must be one of {KL_KINDS}"),
+                ("gamma", 0 < self.gamma <= 1, "must be in (0, 1]"),
+                ("epsilon", self.epsilon > 0, "must be > 0, e.g. 1e-6"),
+                ("kl_reward_coef", self.kl_reward_coef >= 0, "must be >= 0"),
+                ("max_sampling_rounds", self.max_sampling_rounds >= 0, "must be >= 0 (0 = no cap)"),
+                ("overlong_buffer", self.overlong_buffer >= 0, "must be >= 0 (0 = off)"),
+                ("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "must be >= 0"),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -250,20 +272,37 @@ class TrainerConfig:
     CPU, NCCL on GPU); 0: an engine colocated with every trainer worker."""
 
     def __post_init__(self) -> None:
-        positive = ("total_steps", "prompts_per_step", "mini_batches", "ppo_epochs", "val_n",
-                    "num_workers", "push_every")  # fmt: skip
-        _check("trainer", self, [
-            *((name, getattr(self, name) >= 1, "must be >= 1") for name in positive),
-            ("val_every", self.val_every >= 0, "must be >= 0 (0 = never)"),
-            ("placement", self.placement in PLACEMENTS, f"must be one of {PLACEMENTS}"),
-            ("mode", self.mode in MODES, f"must be one of {MODES}"),
-            ("max_staleness", self.max_staleness >= 0, "must be >= 0 (policy versions)"),
-            ("staleness_policy", self.staleness_policy in STALENESS_POLICIES,
-             f"must be one of {STALENESS_POLICIES}"),
-            ("batch_timeout_s", self.batch_timeout_s > 0, "must be > 0 (seconds)"),
-            ("rollout_workers", self.rollout_workers >= 0,
-             "must be >= 0 (0: engines colocated with the trainer workers)"),
-        ])  # fmt: skip
+        positive = (
+            "total_steps",
+            "prompts_per_step",
+            "mini_batches",
+            "ppo_epochs",
+            "val_n",
+            "num_workers",
+            "push_every",
+        )
+        _check(
+            "trainer",
+            self,
+            [
+                *((name, getattr(self, name) >= 1, "must be >= 1") for name in positive),
+                ("val_every", self.val_every >= 0, "must be >= 0 (0 = never)"),
+                ("placement", self.placement in PLACEMENTS, f"must be one of {PLACEMENTS}"),
+                ("mode", self.mode in MODES, f"must be one of {MODES}"),
+                ("max_staleness", self.max_staleness >= 0, "must be >= 0 (policy versions)"),
+                (
+                    "staleness_policy",
+                    self.staleness_policy in STALENESS_POLICIES,
+                    f"must be one of {STALENESS_POLICIES}",
+                ),
+                ("batch_timeout_s", self.batch_timeout_s > 0, "must be > 0 (seconds)"),
+                (
+                    "rollout_workers",
+                    self.rollout_workers >= 0,
+                    "must be >= 0 (0: engines colocated with the trainer workers)",
+                ),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -294,19 +333,31 @@ class RayConfig:
     """Seconds a dead rollout worker has to serve again (> 0) before the run stops."""
 
     def __post_init__(self) -> None:
-        _check("ray", self, [
-            ("cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
-            ("cpus_per_rollout_worker", self.cpus_per_rollout_worker > 0, "must be > 0"),
-            ("gpus_per_rollout_worker",
-             self.gpus_per_rollout_worker is None or self.gpus_per_rollout_worker >= 0,
-             "must be >= 0, or null for auto"),
-            ("weight_push_timeout_s", self.weight_push_timeout_s > 0, "must be > 0 (seconds)"),
-            ("restart_timeout_s", self.restart_timeout_s > 0, "must be > 0 (seconds)"),
-            ("gpus_per_worker", self.gpus_per_worker is None or self.gpus_per_worker >= 0,
-             "must be >= 0, or null for auto"),
-            ("placement_strategy", self.placement_strategy in _RAY_STRATEGIES,
-             f"must be one of {_RAY_STRATEGIES}"),
-        ])  # fmt: skip
+        _check(
+            "ray",
+            self,
+            [
+                ("cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+                ("cpus_per_rollout_worker", self.cpus_per_rollout_worker > 0, "must be > 0"),
+                (
+                    "gpus_per_rollout_worker",
+                    self.gpus_per_rollout_worker is None or self.gpus_per_rollout_worker >= 0,
+                    "must be >= 0, or null for auto",
+                ),
+                ("weight_push_timeout_s", self.weight_push_timeout_s > 0, "must be > 0 (seconds)"),
+                ("restart_timeout_s", self.restart_timeout_s > 0, "must be > 0 (seconds)"),
+                (
+                    "gpus_per_worker",
+                    self.gpus_per_worker is None or self.gpus_per_worker >= 0,
+                    "must be >= 0, or null for auto",
+                ),
+                (
+                    "placement_strategy",
+                    self.placement_strategy in _RAY_STRATEGIES,
+                    f"must be one of {_RAY_STRATEGIES}",
+                ),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -328,12 +379,19 @@ class CheckpointConfig:
     ``model/`` for SFT, under ``trainer.out_dir``) for ``agentloop eval`` and vLLM."""
 
     def __post_init__(self) -> None:
-        _check("checkpoint", self, [
-            ("every", self.every >= 0, "must be >= 0 (0 = at the end)"),
-            ("keep_last", self.keep_last >= 1, "must be >= 1"),
-            ("resume", self.resume in ("auto", "never") or Path(self.resume).is_dir(),
-             "must be 'auto', 'never' or an existing step_* directory"),
-        ])  # fmt: skip
+        _check(
+            "checkpoint",
+            self,
+            [
+                ("every", self.every >= 0, "must be >= 0 (0 = at the end)"),
+                ("keep_last", self.keep_last >= 1, "must be >= 1"),
+                (
+                    "resume",
+                    self.resume in ("auto", "never") or Path(self.resume).is_dir(),
+                    "must be 'auto', 'never' or an existing step_* directory",
+                ),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -427,30 +485,42 @@ class TrainConfig:
         t, r, a = self.trainer, self.rollout, self.algorithm
         per_mini = t.prompts_per_step // t.mini_batches * r.n
         rules = [
-            (t.placement == "ray" or t.num_workers == 1,
-             f"trainer.num_workers={t.num_workers} with trainer.placement=local: local mode is one "
-             "process; set trainer.placement=ray, or trainer.num_workers=1"),
-            (t.prompts_per_step % t.mini_batches == 0,
-             f"trainer.prompts_per_step={t.prompts_per_step} is not divisible by trainer."
-             f"mini_batches={t.mini_batches}; every mini-batch must hold whole groups: make "
-             "prompts_per_step a multiple of mini_batches"),
-            (per_mini % t.num_workers == 0,
-             f"trainer.prompts_per_step={t.prompts_per_step} / trainer.mini_batches="
-             f"{t.mini_batches} × rollout.n={r.n} = {per_mini} sequences per mini-batch, not "
-             f"divisible by trainer.num_workers={t.num_workers}: each worker needs an equal "
-             "share; change prompts_per_step, n or mini_batches"),
-            (math.isclose(self.actor.temperature, r.temperature),
-             f"actor.temperature={self.actor.temperature} but rollout.temperature="
-             f"{r.temperature}: the trainer must score tokens at the sampling temperature; set "
-             "both to the same value"),
-            (a.overlong_buffer <= r.max_response_len,
-             f"algorithm.overlong_buffer={a.overlong_buffer} exceeds rollout.max_response_len="
-             f"{r.max_response_len}; use about a quarter of max_response_len, or 0 (off)"),
-            (not a.dynamic_sampling or r.n >= 2,
-             "algorithm.dynamic_sampling=true needs rollout.n >= 2 (it drops groups whose "
-             f"samples all score the same), got n={r.n}"),
+            (
+                t.placement == "ray" or t.num_workers == 1,
+                f"trainer.num_workers={t.num_workers} with trainer.placement=local: local mode "
+                "is one process; set trainer.placement=ray, or trainer.num_workers=1",
+            ),
+            (
+                t.prompts_per_step % t.mini_batches == 0,
+                f"trainer.prompts_per_step={t.prompts_per_step} is not divisible by trainer."
+                f"mini_batches={t.mini_batches}; every mini-batch must hold whole groups: make "
+                "prompts_per_step a multiple of mini_batches",
+            ),
+            (
+                per_mini % t.num_workers == 0,
+                f"trainer.prompts_per_step={t.prompts_per_step} / trainer.mini_batches="
+                f"{t.mini_batches} × rollout.n={r.n} = {per_mini} sequences per mini-batch, not "
+                f"divisible by trainer.num_workers={t.num_workers}: each worker needs an equal "
+                "share; change prompts_per_step, n or mini_batches",
+            ),
+            (
+                math.isclose(self.actor.temperature, r.temperature),
+                f"actor.temperature={self.actor.temperature} but rollout.temperature="
+                f"{r.temperature}: the trainer must score tokens at the sampling temperature; set "
+                "both to the same value",
+            ),
+            (
+                a.overlong_buffer <= r.max_response_len,
+                f"algorithm.overlong_buffer={a.overlong_buffer} exceeds rollout.max_response_len="
+                f"{r.max_response_len}; use about a quarter of max_response_len, or 0 (off)",
+            ),
+            (
+                not a.dynamic_sampling or r.n >= 2,
+                "algorithm.dynamic_sampling=true needs rollout.n >= 2 (it drops groups whose "
+                f"samples all score the same), got n={r.n}",
+            ),
             *self._mode_rules(),
-        ]  # fmt: skip
+        ]
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
@@ -458,28 +528,40 @@ class TrainConfig:
     def _mode_rules(self) -> list[tuple[bool, str]]:
         t, r = self.trainer, self.rollout
         return [
-            (t.mode == "sync" or self.actor.tis_cap is not None,
-             f"trainer.mode={t.mode} trains on tokens sampled by older weights, and the "
-             "decoupled PPO objective corrects for that with the importance weight "
-             "min(π_old/π_behaviour, actor.tis_cap): set actor.tis_cap (e.g. 2.0)"),
-            (t.mode != "sync" or t.push_every == 1,
-             f"trainer.push_every={t.push_every} needs trainer.mode=one_step or async; sync "
-             "mode pushes the weights after every step"),
-            (t.mode != "async" or t.max_staleness >= t.push_every - 1,
-             f"trainer.max_staleness={t.max_staleness} < trainer.push_every - 1 = "
-             f"{t.push_every - 1}: the engines would fall further behind than the bound allows "
-             "and the rollout side could never start a group; raise max_staleness or lower "
-             "push_every"),
-            (t.mode != "one_step" or t.push_every == 1,
-             "trainer.mode=one_step pushes the weights after every step; leave push_every at 1 "
-             "or use trainer.mode=async"),
-            (t.mode == "sync" or r.replay is None,
-             f"rollout.replay trains on saved batches, which needs trainer.mode=sync, not "
-             f"{t.mode}"),
-            (t.rollout_workers == 0 or t.placement == "ray",
-             f"trainer.rollout_workers={t.rollout_workers} needs trainer.placement=ray (separate "
-             "rollout actors); local placement colocates the one engine"),
-        ]  # fmt: skip
+            (
+                t.mode == "sync" or self.actor.tis_cap is not None,
+                f"trainer.mode={t.mode} trains on tokens sampled by older weights, and the "
+                "decoupled PPO objective corrects for that with the importance weight "
+                "min(π_old/π_behaviour, actor.tis_cap): set actor.tis_cap (e.g. 2.0)",
+            ),
+            (
+                t.mode != "sync" or t.push_every == 1,
+                f"trainer.push_every={t.push_every} needs trainer.mode=one_step or async; sync "
+                "mode pushes the weights after every step",
+            ),
+            (
+                t.mode != "async" or t.max_staleness >= t.push_every - 1,
+                f"trainer.max_staleness={t.max_staleness} < trainer.push_every - 1 = "
+                f"{t.push_every - 1}: the engines would fall further behind than the bound allows "
+                "and the rollout side could never start a group; raise max_staleness or lower "
+                "push_every",
+            ),
+            (
+                t.mode != "one_step" or t.push_every == 1,
+                "trainer.mode=one_step pushes the weights after every step; leave push_every at 1 "
+                "or use trainer.mode=async",
+            ),
+            (
+                t.mode == "sync" or r.replay is None,
+                f"rollout.replay trains on saved batches, which needs trainer.mode=sync, not "
+                f"{t.mode}",
+            ),
+            (
+                t.rollout_workers == 0 or t.placement == "ray",
+                f"trainer.rollout_workers={t.rollout_workers} needs trainer.placement=ray "
+                "(separate rollout actors); local placement colocates the one engine",
+            ),
+        ]
 
     @property
     def needs_ref(self) -> bool:
@@ -519,16 +601,18 @@ class BatchSizes:
         epoch = (
             f"{self.steps_per_epoch} steps per pass over the data" if self.steps_per_epoch else ""
         )
-        return "\n".join([
-            f"batch: {self.prompts_per_step} prompts × n={self.n} = {self.sequences_per_step} "
-            f"sequences per step" + (f"; {epoch}" if epoch else ""),
-            f"updates: {self.mini_batches} mini-batch(es) of {self.sequences_per_mini_batch} "
-            f"sequences × {self.ppo_epochs} epoch(s) = {self.updates_per_step} optimiser "
-            "update(s) per step",
-            f"workers: {self.num_workers} × {self.sequences_per_worker} sequences per update, "
-            f"at most {self.max_micro_batches_per_worker} micro-batch(es) each "
-            f"(sequences up to {self.max_seq_len} tokens)",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"batch: {self.prompts_per_step} prompts × n={self.n} = {self.sequences_per_step} "
+                f"sequences per step" + (f"; {epoch}" if epoch else ""),
+                f"updates: {self.mini_batches} mini-batch(es) of {self.sequences_per_mini_batch} "
+                f"sequences × {self.ppo_epochs} epoch(s) = {self.updates_per_step} optimiser "
+                "update(s) per step",
+                f"workers: {self.num_workers} × {self.sequences_per_worker} sequences per update, "
+                f"at most {self.max_micro_batches_per_worker} micro-batch(es) each "
+                f"(sequences up to {self.max_seq_len} tokens)",
+            ]
+        )
 
 
 def batch_sizes(cfg: TrainConfig, num_tasks: int | None = None) -> BatchSizes:
@@ -542,12 +626,19 @@ def batch_sizes(cfg: TrainConfig, num_tasks: int | None = None) -> BatchSizes:
     # a sequence longer than the budget is a micro-batch of its own; shorter ones share
     micro = per_worker if max_len >= budget else min(per_worker, -(-per_worker * max_len // budget))
     return BatchSizes(
-        prompts_per_step=t.prompts_per_step, n=r.n, sequences_per_step=per_step,
-        mini_batches=t.mini_batches, sequences_per_mini_batch=per_mini, ppo_epochs=t.ppo_epochs,
-        updates_per_step=t.mini_batches * t.ppo_epochs, num_workers=t.num_workers,
-        sequences_per_worker=per_worker, max_seq_len=max_len, max_micro_batches_per_worker=micro,
+        prompts_per_step=t.prompts_per_step,
+        n=r.n,
+        sequences_per_step=per_step,
+        mini_batches=t.mini_batches,
+        sequences_per_mini_batch=per_mini,
+        ppo_epochs=t.ppo_epochs,
+        updates_per_step=t.mini_batches * t.ppo_epochs,
+        num_workers=t.num_workers,
+        sequences_per_worker=per_worker,
+        max_seq_len=max_len,
+        max_micro_batches_per_worker=micro,
         steps_per_epoch=num_tasks // t.prompts_per_step if num_tasks else None,
-    )  # fmt: skip
+    )
 
 
 def load_config(

@@ -82,8 +82,13 @@ def write_step_groups(
     with tmp.open("w") as f:
         for gi, g in enumerate(groups):
             for t in g.trajectories:
-                record = {**trajectory_to_dict(t), "env": env_id, "step": step, "group": gi,
-                          "task": dict(g.task.data)}  # fmt: skip
+                record = {
+                    **trajectory_to_dict(t),
+                    "env": env_id,
+                    "step": step,
+                    "group": gi,
+                    "task": dict(g.task.data),
+                }
                 f.write(json.dumps(record) + "\n")
     tmp.replace(path)
     return path

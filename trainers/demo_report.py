@@ -71,16 +71,31 @@ def plot_curves(metrics: Mapping[int, Mapping[str, float]], out: Path, title: st
     steps = sorted(s for s, m in metrics.items() if "rollout/reward_mean" in m)
     val = sorted(s for s, m in metrics.items() if "val/pass@1" in m)
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
-    ax.plot(steps, [metrics[s]["rollout/reward_mean"] for s in steps], color="#8fb3d9",
-            marker=".", label="training reward (mean of the step's rollouts)")  # fmt: skip
+    ax.plot(
+        steps,
+        [metrics[s]["rollout/reward_mean"] for s in steps],
+        color="#8fb3d9",
+        marker=".",
+        label="training reward (mean of the step's rollouts)",
+    )
     if val:
         ys = [metrics[s]["val/pass@1"] for s in val]
         lo = [metrics[s].get("val/reward_lo", y) for s, y in zip(val, ys, strict=True)]
         hi = [metrics[s].get("val/reward_hi", y) for s, y in zip(val, ys, strict=True)]
-        err = [[y - a for y, a in zip(ys, lo, strict=True)],
-               [b - y for y, b in zip(ys, hi, strict=True)]]  # fmt: skip
-        ax.errorbar(val, ys, yerr=err, color="#c0392b", marker="o", capsize=4, linewidth=2,
-                    label="held-out pass@1 (95% CI over tasks)")  # fmt: skip
+        err = [
+            [y - a for y, a in zip(ys, lo, strict=True)],
+            [b - y for y, b in zip(ys, hi, strict=True)],
+        ]
+        ax.errorbar(
+            val,
+            ys,
+            yerr=err,
+            color="#c0392b",
+            marker="o",
+            capsize=4,
+            linewidth=2,
+            label="held-out pass@1 (95% CI over tasks)",
+        )
     ax.set_xlabel("GRPO step (0 = the SFT checkpoint)")
     ax.set_ylabel("reward / pass@1")
     ax.set_ylim(0, 1)
@@ -121,23 +136,39 @@ def finish(
     a, b = _summary(sft_eval).pass_at_k[1], _summary(rl_eval).pass_at_k[1]
     gain = b - a
     curve = plot_curves(
-        _val_metrics(configs), out / "curve.png",
+        _val_metrics(configs),
+        out / "curve.png",
         f"tiny ReTool on Calc-v0: held-out pass@1 {a:.2f} (SFT) -> {b:.2f} (RL), "
         f"gain {gain:+.2f} [{res.lo:+.2f}, {res.hi:+.2f}]",
-    )  # fmt: skip
+    )
     view = write_view(rl_eval, out / "view.html")
     seconds["report"] = 0.0
     seconds["total"] = time.perf_counter() - started
     passed = gain >= configs.demo.min_gain and res.lo > 0
-    result = DemoResult(out, sft_eval, rl_eval, a, b, gain, (res.lo, res.hi), res.p_value,
-                        passed, curve, view, dict(seconds))  # fmt: skip
-    record = {**{k: (str(v) if isinstance(v, Path) else v)
-                 for k, v in result.__dict__.items()},
-              "tool_use_of_correct": tool_use_of_correct(rl_eval),
-              "tool_call_rate_sft": tool_call_rate(sft_eval),
-              "tool_call_rate_rl": tool_call_rate(rl_eval),
-              "tasks": res.n, "samples_per_task": configs.grpo.trainer.val_n,
-              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip
+    result = DemoResult(
+        out,
+        sft_eval,
+        rl_eval,
+        a,
+        b,
+        gain,
+        (res.lo, res.hi),
+        res.p_value,
+        passed,
+        curve,
+        view,
+        dict(seconds),
+    )
+    record = {
+        **{k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()},
+        "tool_use_of_correct": tool_use_of_correct(rl_eval),
+        "tool_call_rate_sft": tool_call_rate(sft_eval),
+        "tool_call_rate_rl": tool_call_rate(rl_eval),
+        "tasks": res.n,
+        "samples_per_task": configs.grpo.trainer.val_n,
+        "load_avg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
     (out / "demo_result.json").write_text(json.dumps(record, indent=2))
     _print_report(console, configs, result, record)
     return result
@@ -157,19 +188,26 @@ def _print_report(
     verdict = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
     rows = [
         ("pass@1, SFT checkpoint (GRPO step 0)", f"{r.pass_at_1_sft:.3f}"),
-        (f"pass@1, RL checkpoint (step {configs.grpo.trainer.total_steps})",
-         f"{r.pass_at_1_rl:.3f}"),
+        (
+            f"pass@1, RL checkpoint (step {configs.grpo.trainer.total_steps})",
+            f"{r.pass_at_1_rl:.3f}",
+        ),
         ("gain, paired bootstrap 95% CI", f"{r.gain:+.3f} [{r.ci[0]:+.3f}, {r.ci[1]:+.3f}]"),
         ("p-value", f"{r.p_value:.4f}"),
         (f"gain >= {configs.demo.min_gain:.2f} and CI above 0", verdict),
-        ("episodes that called python, SFT -> RL",
-         f"{record['tool_call_rate_sft']:.0%} -> {record['tool_call_rate_rl']:.0%}"),
+        (
+            "episodes that called python, SFT -> RL",
+            f"{record['tool_call_rate_sft']:.0%} -> {record['tool_call_rate_rl']:.0%}",
+        ),
         ("correct RL answers that used the python tool", f"{record['tool_use_of_correct']:.0%}"),
         ("evaluated on", n),
         *((f"time: {k}", f"{v:.0f} s") for k, v in r.seconds.items() if k != "report"),
-        ("machine", f"{record['cpus']} CPUs, load average "
-                    + " / ".join(f"{x:.1f}" for x in record["load_avg"])),
-    ]  # fmt: skip
+        (
+            "machine",
+            f"{record['cpus']} CPUs, load average "
+            + " / ".join(f"{x:.1f}" for x in record["load_avg"]),
+        ),
+    ]
     for row in rows:
         table.add_row(*row)
     console.print(table)

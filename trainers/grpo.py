@@ -129,8 +129,13 @@ async def train_async(
         run.source = make_source(
             GenContext(cfg, meter, builder, sampler), start=start, state=source
         )
-        logger = MetricsLogger(cfg.logging, out, total_steps=cfg.trainer.total_steps,
-                               start_step=start, run_config=dataclasses.asdict(cfg))  # fmt: skip
+        logger = MetricsLogger(
+            cfg.logging,
+            out,
+            total_steps=cfg.trainer.total_steps,
+            start_step=start,
+            run_config=dataclasses.asdict(cfg),
+        )
         try:
             return await _loop(run, logger, start, on_step)
         finally:
@@ -189,8 +194,10 @@ def _idle_metrics(metrics: Mapping[str, float], rollout_busy_s: float) -> dict[s
     was in flight (the rollout side was idle)."""
     wall = metrics["timing_s/step"]
     busy = sum(metrics.get(f"timing_s/{p}", 0.0) for p in _TRAINER_PHASES)
-    return {"perf/trainer_idle_frac": max(0.0, 1.0 - busy / wall),
-            "perf/rollout_idle_frac": max(0.0, 1.0 - rollout_busy_s / wall)}  # fmt: skip
+    return {
+        "perf/trainer_idle_frac": max(0.0, 1.0 - busy / wall),
+        "perf/rollout_idle_frac": max(0.0, 1.0 - rollout_busy_s / wall),
+    }
 
 
 async def _step(
@@ -290,8 +297,12 @@ def _adv_metrics(adv: Sequence[torch.Tensor], seqs: Sequence[TrainSeq]) -> dict[
     a = torch.cat(list(adv))[m]
     if a.numel() == 0:
         return {}
-    return {"adv/mean": float(a.mean()), "adv/abs_mean": float(a.abs().mean()),
-            "adv/max": float(a.max()), "adv/min": float(a.min())}  # fmt: skip
+    return {
+        "adv/mean": float(a.mean()),
+        "adv/abs_mean": float(a.abs().mean()),
+        "adv/max": float(a.max()),
+        "adv/min": float(a.min()),
+    }
 
 
 async def _update(run: _Run, seqs: Sequence[TrainSeq]) -> dict[str, float]:
@@ -319,11 +330,18 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
     out = run.out / "val" / f"step_{step:06d}"
     shutil.rmtree(out, ignore_errors=True)  # a resumed run redoes this step's validation
     ecfg = EvalConfig(
-        env=cfg.data.env, model=str(run.model_dir), out=out, n=cfg.trainer.val_n,
-        num_tasks=cfg.data.num_val_tasks, split=cfg.data.val_split, engine="vllm",
-        seed=cfg.trainer.seed, concurrency=cfg.rollout.concurrency, rollout=cfg.rollout.base(),
+        env=cfg.data.env,
+        model=str(run.model_dir),
+        out=out,
+        n=cfg.trainer.val_n,
+        num_tasks=cfg.data.num_val_tasks,
+        split=cfg.data.val_split,
+        engine="vllm",
+        seed=cfg.trainer.seed,
+        concurrency=cfg.rollout.concurrency,
+        rollout=cfg.rollout.base(),
         env_kwargs=cfg.data.env_kwargs,
-    )  # fmt: skip
+    )
     assert run.engine is not None
     s = await eval_async(ecfg, engine=run.engine, progress=False)
     metrics = {

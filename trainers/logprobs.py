@@ -123,9 +123,11 @@ def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> 
     if "flash" in impl or impl == "varlen":
         cu = batch.cu_seqlens.to(device=batch.input_ids.device, dtype=torch.int32)
         kwargs = dict(
-            cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-            max_length_q=batch.max_seqlen, max_length_k=batch.max_seqlen,
-        )  # fmt: skip
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=batch.max_seqlen,
+            max_length_k=batch.max_seqlen,
+        )
     elif impl not in PACKED_ATTN_IMPLEMENTATIONS:
         raise ConfigError(
             f"attention implementation {impl!r} is not known to separate packed sequences; use "

@@ -244,8 +244,9 @@ def policy_loss(
         clipfrac_lower = torch.zeros((), dtype=m.dtype, device=m.device)
         loss = clipped
     loss, tis = _apply_tis(loss, old_logprobs, rollout_logprobs, tis_cap)
-    metrics = _metrics(m, clipfrac, clipfrac_lower, log_ratio, tis, tis_cap, old_logprobs,
-                       rollout_logprobs)  # fmt: skip
+    metrics = _metrics(
+        m, clipfrac, clipfrac_lower, log_ratio, tis, tis_cap, old_logprobs, rollout_logprobs
+    )
     return loss, metrics
 
 

@@ -33,15 +33,22 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 # (label, key, format) of the one-line console summary
 _LINE = (
-    ("reward", "rollout/reward_mean", ".3f"), ("acc", "rollout/acc", ".3f"),
-    ("len", "rollout/response_len_mean", ".1f"), ("turns", "rollout/turns_mean", ".2f"),
-    ("tools", "rollout/tool_calls_mean", ".2f"), ("kl", "actor/kl", ".2e"),
-    ("ent", "actor/entropy", ".3f"), ("clip", "actor/clipfrac", ".3f"),
-    ("gnorm", "actor/grad_norm", ".3f"), ("Δlp", "mismatch/abs_diff_mean", ".1e"),
-    ("gen", "timing_s/gen", ".1f"), ("upd", "timing_s/update_actor", ".1f"),
-    ("sync", "timing_s/sync_weights", ".2f"), ("tok/s", "perf/tokens_per_s", ".0f"),
+    ("reward", "rollout/reward_mean", ".3f"),
+    ("acc", "rollout/acc", ".3f"),
+    ("len", "rollout/response_len_mean", ".1f"),
+    ("turns", "rollout/turns_mean", ".2f"),
+    ("tools", "rollout/tool_calls_mean", ".2f"),
+    ("kl", "actor/kl", ".2e"),
+    ("ent", "actor/entropy", ".3f"),
+    ("clip", "actor/clipfrac", ".3f"),
+    ("gnorm", "actor/grad_norm", ".3f"),
+    ("Δlp", "mismatch/abs_diff_mean", ".1e"),
+    ("gen", "timing_s/gen", ".1f"),
+    ("upd", "timing_s/update_actor", ".1f"),
+    ("sync", "timing_s/sync_weights", ".2f"),
+    ("tok/s", "perf/tokens_per_s", ".0f"),
     ("val", "val/reward_mean", ".3f"),
-)  # fmt: skip
+)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -177,8 +184,15 @@ class MetricsLogger:
 
         self.cfg, self.out_dir, self.total = cfg, out_dir, total_steps
         self._jsonl = (out_dir / METRICS_FILE).open("a", encoding="utf-8")
-        self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                         file=sys.stderr, disable=not cfg.progress, dynamic_ncols=True)  # fmt: skip
+        self._bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            file=sys.stderr,
+            disable=not cfg.progress,
+            dynamic_ncols=True,
+        )
         self._tb: Any = None
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -188,9 +202,13 @@ class MetricsLogger:
         if cfg.wandb and importlib.util.find_spec("wandb") is not None:
             import wandb
 
-            self._wandb = wandb.init(project=cfg.wandb_project, name=cfg.run_name,
-                                     dir=str(out_dir), config=dict(run_config or {}),
-                                     resume="allow")  # fmt: skip
+            self._wandb = wandb.init(
+                project=cfg.wandb_project,
+                name=cfg.run_name,
+                dir=str(out_dir),
+                config=dict(run_config or {}),
+                resume="allow",
+            )
 
     def log(self, step: int, metrics: Mapping[str, float], *, advance: bool = True) -> None:
         """Record ``metrics`` of ``step``; ``advance`` moves the progress bar (not for a

@@ -124,10 +124,14 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
         remote_cls = ray.remote(ColocatedWorker)
         for i in range(cfg.trainer.num_workers):
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
-            actors.append(remote_cls.options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                scheduling_strategy=strategy, max_concurrency=1024,
-            ).remote(spec))  # fmt: skip
+            actors.append(
+                remote_cls.options(
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
+                    scheduling_strategy=strategy,
+                    max_concurrency=1024,
+                ).remote(spec)
+            )
         await asyncio.gather(*(a.start_engine.remote() for a in actors))
         host, port = await actors[0].address.remote()
         n = len(actors)
@@ -173,15 +177,21 @@ async def _rollout_pool(
             pg, placement_group_bundle_index=cfg.trainer.num_workers + i
         )
         return remote_cls.options(
-            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
+            scheduling_strategy=strategy,
             max_concurrency=1024,
-        ).remote(model_dir, settings)  # fmt: skip
+        ).remote(model_dir, settings)
 
     pool = RolloutPool(
-        make_actor, cfg.trainer.rollout_workers, trainers, dtype=str(settings.get("dtype", "auto")),
+        make_actor,
+        cfg.trainer.rollout_workers,
+        trainers,
+        dtype=str(settings.get("dtype", "auto")),
         supports_images=is_vision_model(model_dir),
-        restart_timeout_s=cfg.ray.restart_timeout_s, push_timeout_s=cfg.ray.weight_push_timeout_s,
-    )  # fmt: skip
+        restart_timeout_s=cfg.ray.restart_timeout_s,
+        push_timeout_s=cfg.ray.weight_push_timeout_s,
+    )
     try:
         await pool.start()
     except BaseException:

@@ -87,15 +87,23 @@ async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[Traje
     cfg, alg = ctx.cfg, ctx.cfg.algorithm
     assert ctx.engine is not None
     groups = await collect(
-        tasks, cfg.data.env, ctx.engine, ctx.builder, config=cfg.rollout.base(),
-        group_size=cfg.rollout.n, concurrency=cfg.rollout.concurrency, seed=seed,
+        tasks,
+        cfg.data.env,
+        ctx.engine,
+        ctx.builder,
+        config=cfg.rollout.base(),
+        group_size=cfg.rollout.n,
+        concurrency=cfg.rollout.concurrency,
+        seed=seed,
         env_kwargs=cfg.data.env_kwargs,
-    )  # fmt: skip
+    )
     if alg.overlong_buffer:
         groups = apply_overlong_penalty(
-            groups, max_response_len=cfg.rollout.max_response_len,
-            overlong_buffer=alg.overlong_buffer, penalty_factor=alg.overlong_penalty_factor,
-        )  # fmt: skip
+            groups,
+            max_response_len=cfg.rollout.max_response_len,
+            overlong_buffer=alg.overlong_buffer,
+            penalty_factor=alg.overlong_penalty_factor,
+        )
     return groups
 
 
@@ -116,14 +124,20 @@ async def generate_batch(ctx: GenContext, step: int) -> Batch:
             batch: list[TrajectoryGroup] | None = groups
         else:
             batch, buffer, stats = accumulate_groups(
-                buffer, groups, target_groups=cfg.trainer.prompts_per_step, rounds=rounds,
-                max_rounds=alg.max_sampling_rounds, metric=alg.filter_metric,
-            )  # fmt: skip
+                buffer,
+                groups,
+                target_groups=cfg.trainer.prompts_per_step,
+                rounds=rounds,
+                max_rounds=alg.max_sampling_rounds,
+                metric=alg.filter_metric,
+            )
             dropped += stats.dropped_groups
         if batch is not None:
-            return batch, {"rollout/gen_rounds": float(rounds),
-                           "rollout/dropped_groups": float(dropped),
-                           "perf/sampled_tokens": float(sampled_tokens)}  # fmt: skip
+            return batch, {
+                "rollout/gen_rounds": float(rounds),
+                "rollout/dropped_groups": float(dropped),
+                "perf/sampled_tokens": float(sampled_tokens),
+            }
 
 
 class _SyncSource:
@@ -188,17 +202,22 @@ class _AsyncSource(_SyncSource):
         super().__init__(ctx)
         cfg, t, alg = ctx.cfg, ctx.cfg.trainer, ctx.cfg.algorithm
         settings = StreamSettings(
-            groups_per_batch=t.prompts_per_step, max_staleness=t.max_staleness,
+            groups_per_batch=t.prompts_per_step,
+            max_staleness=t.max_staleness,
             policy=t.staleness_policy,
             max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.n),
-            timeout_s=t.batch_timeout_s, dynamic_sampling=alg.dynamic_sampling,
+            timeout_s=t.batch_timeout_s,
+            dynamic_sampling=alg.dynamic_sampling,
             filter_metric=alg.filter_metric,
             max_dropped_per_batch=alg.max_sampling_rounds * t.prompts_per_step,
-        )  # fmt: skip
+        )
         self.stream = RolloutStream(
-            settings, next_task=lambda: ctx.sampler.next_batch(1)[0], play=self._play_group,
-            version=start, consumed=start * t.prompts_per_step,
-        )  # fmt: skip
+            settings,
+            next_task=lambda: ctx.sampler.next_batch(1)[0],
+            play=self._play_group,
+            version=start,
+            consumed=start * t.prompts_per_step,
+        )
         if buffer:
             self.stream.load_state_dict(dict(buffer))
 

@@ -77,10 +77,20 @@ class SFTDataConfig:
     instead of failing."""
 
     def __post_init__(self) -> None:
-        _need(bool(self.train), "data", "train", self.train, "is required: a JSONL file of "
-              "conversations (e.g. from `agentloop make-calc-traces`)")  # fmt: skip
-        _need(0.0 <= self.eval_fraction < 1.0, "data", "eval_fraction", self.eval_fraction,
-              "must be in [0, 1) (0: no held-out loss)")  # fmt: skip
+        _need(
+            bool(self.train),
+            "data",
+            "train",
+            self.train,
+            "is required: a JSONL file of conversations (e.g. from `agentloop make-calc-traces`)",
+        )
+        _need(
+            0.0 <= self.eval_fraction < 1.0,
+            "data",
+            "eval_fraction",
+            self.eval_fraction,
+            "must be in [0, 1) (0: no held-out loss)",
+        )
         _need(self.max_seq_len >= 2, "data", "max_seq_len", self.max_seq_len, "must be >= 2")
 
 
@@ -115,13 +125,28 @@ class SFTTrainerConfig:
     def __post_init__(self) -> None:
         t = "trainer"
         _need(self.epochs >= 1, t, "epochs", self.epochs, "must be >= 1")
-        _need(self.max_steps is None or self.max_steps >= 1, t, "max_steps", self.max_steps,
-              "must be >= 1, or null for all epochs")  # fmt: skip
+        _need(
+            self.max_steps is None or self.max_steps >= 1,
+            t,
+            "max_steps",
+            self.max_steps,
+            "must be >= 1, or null for all epochs",
+        )
         _need(self.batch_size >= 1, t, "batch_size", self.batch_size, "must be >= 1")
-        _need(self.lr_schedule in LR_SCHEDULES, t, "lr_schedule", self.lr_schedule,
-              f"must be one of {LR_SCHEDULES}")  # fmt: skip
-        _need(0.0 <= self.min_lr_ratio <= 1.0, t, "min_lr_ratio", self.min_lr_ratio,
-              "must be in [0, 1]")  # fmt: skip
+        _need(
+            self.lr_schedule in LR_SCHEDULES,
+            t,
+            "lr_schedule",
+            self.lr_schedule,
+            f"must be one of {LR_SCHEDULES}",
+        )
+        _need(
+            0.0 <= self.min_lr_ratio <= 1.0,
+            t,
+            "min_lr_ratio",
+            self.min_lr_ratio,
+            "must be in [0, 1]",
+        )
         _need(self.eval_every >= 0, t, "eval_every", self.eval_every, "must be >= 0")
 
 
@@ -144,8 +169,13 @@ class SFTConfig:
     """Metric sinks."""
 
     def __post_init__(self) -> None:
-        _need(self.actor.temperature == 1.0, "actor", "temperature", self.actor.temperature,
-              "SFT scores tokens at temperature 1; remove the setting")  # fmt: skip
+        _need(
+            self.actor.temperature == 1.0,
+            "actor",
+            "temperature",
+            self.actor.temperature,
+            "SFT scores tokens at temperature 1; remove the setting",
+        )
 
 
 @dataclass(frozen=True)
@@ -333,9 +363,11 @@ def _train(
     logger = None
     if worker.rank == 0:
         logger = MetricsLogger(
-            dataclasses.replace(cfg.logging, console=False), out,
-            total_steps=plan.total, start_step=worker.step,
-        )  # fmt: skip
+            dataclasses.replace(cfg.logging, console=False),
+            out,
+            total_steps=plan.total,
+            start_step=worker.step,
+        )
     loss, after = math.nan, None
     try:
         if logger is not None and before is not None:
@@ -347,11 +379,15 @@ def _train(
             step, loss, secs = worker.step, m["loss"], time.perf_counter() - t0
             tokens = sum(len(data.train[i]) for i in batch)
             metrics = {
-                "sft/loss": loss, "actor/grad_norm": m["grad_norm"], "actor/lr": m["lr"],
-                "sft/loss_tokens": m["tokens"], "sft/tokens": tokens,
-                "perf/tokens_per_s": tokens / secs, "timing_s/step": secs,
+                "sft/loss": loss,
+                "actor/grad_norm": m["grad_norm"],
+                "actor/lr": m["lr"],
+                "sft/loss_tokens": m["tokens"],
+                "sft/tokens": tokens,
+                "perf/tokens_per_s": tokens / secs,
+                "timing_s/step": secs,
                 "sft/epoch": step / plan.steps_per_epoch,
-            }  # fmt: skip
+            }
             last = step == plan.total
             if last or (t.eval_every and step % t.eval_every == 0):
                 after = eval_loss(worker, data.eval)

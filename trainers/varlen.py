@@ -99,9 +99,15 @@ def _varlen_attention_forward(
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
     out = varlen_attn(
-        q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
-        int(kwargs["max_length_q"]), int(kwargs.get("max_length_k", kwargs["max_length_q"])),
-        scale=scaling, **extra,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu_q.to(torch.int32),
+        cu_k.to(torch.int32),
+        int(kwargs["max_length_q"]),
+        int(kwargs.get("max_length_k", kwargs["max_length_q"])),
+        scale=scaling,
+        **extra,
+    )
     assert isinstance(out, torch.Tensor)  # no return_aux requested: the output alone
     return out.unsqueeze(0), None

@@ -51,10 +51,18 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Files a model dir needs besides the weights and config, copied on save_pretrained so the export
 # works with `agentloop eval` and vLLM as it is.
 _TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
-    "chat_template.json", "preprocessor_config.json", "processor_config.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
 
 
 @dataclass(frozen=True)
@@ -141,24 +149,35 @@ class WorkerConfig:
             raise bad("eps", "must be > 0, e.g. 1e-8")
         checks: list[tuple[str, bool, str]] = [
             ("dtype", self.dtype in _DTYPES, f"must be one of {tuple(_DTYPES)}"),
-            ("attn_implementation",
-             self.attn_implementation in ("auto", *PACKED_ATTN_IMPLEMENTATIONS),
-             f"must separate packed sequences: 'auto' or one of {PACKED_ATTN_IMPLEMENTATIONS}"),
+            (
+                "attn_implementation",
+                self.attn_implementation in ("auto", *PACKED_ATTN_IMPLEMENTATIONS),
+                f"must separate packed sequences: 'auto' or one of {PACKED_ATTN_IMPLEMENTATIONS}",
+            ),
             ("device", self.device in ("auto", "cpu", "cuda"), "must be 'auto', 'cpu' or 'cuda'"),
-            ("max_tokens_per_micro_batch", self.max_tokens_per_micro_batch >= 1,
-             "must be >= 1 (a token budget per forward, e.g. 8192)"),
+            (
+                "max_tokens_per_micro_batch",
+                self.max_tokens_per_micro_batch >= 1,
+                "must be >= 1 (a token budget per forward, e.g. 8192)",
+            ),
             ("loss_agg_mode", self.loss_agg_mode in AGG_MODES, f"must be one of {AGG_MODES}"),
-            ("policy_loss", self.policy_loss in POLICY_LOSS_MODES,
-             f"must be one of {POLICY_LOSS_MODES}"),
+            (
+                "policy_loss",
+                self.policy_loss in POLICY_LOSS_MODES,
+                f"must be one of {POLICY_LOSS_MODES}",
+            ),
             ("clip_ratio_low", 0.0 <= self.clip_ratio_low < 1.0, "must be in [0, 1), e.g. 0.2"),
             ("clip_ratio_high", self.clip_ratio_high >= 0.0, "must be >= 0 (DAPO uses 0.28)"),
             ("clip_ratio_c", self.clip_ratio_c > 1.0, "must be > 1 (dual-clip bound, e.g. 3.0)"),
-            ("tis_cap", self.tis_cap is None or self.tis_cap > 0,
-             "must be > 0 (e.g. 2.0), or None to turn TIS off"),
+            (
+                "tis_cap",
+                self.tis_cap is None or self.tis_cap > 0,
+                "must be > 0 (e.g. 2.0), or None to turn TIS off",
+            ),
             ("kl_type", self.kl_type in KL_KINDS, f"must be one of {KL_KINDS}"),
             ("entropy_coef", math.isfinite(self.entropy_coef), "must be a finite number"),
             ("temperature", self.temperature > 0, "must be > 0: the rollout's temperature"),
-        ]  # fmt: skip
+        ]
         for name, ok, fix in checks:
             if not ok:
                 raise bad(name, fix)
@@ -406,20 +425,29 @@ class PolicyWorker:
         lp, mask, cu = out.logprobs, mb.loss_mask, mb.cu_seqlens
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
         pg_mat, pm = policy_loss(
-            lp, old, mb.advantages, mask, cfg.policy_loss,
-            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c, rollout_logprobs=mb.rollout_logprobs,
-            tis_cap=cfg.tis_cap, cu_seqlens=cu,
-        )  # fmt: skip
+            lp,
+            old,
+            mb.advantages,
+            mask,
+            cfg.policy_loss,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            rollout_logprobs=mb.rollout_logprobs,
+            tis_cap=cfg.tis_cap,
+            cu_seqlens=cu,
+        )
 
         def agg(x: torch.Tensor) -> torch.Tensor:
             return agg_loss(
-                x, mask, cfg.loss_agg_mode, cu_seqlens=cu, global_token_count=tokens,
-                global_seq_count=num_seqs, norm_len=cfg.norm_len,
-            )  # fmt: skip
-
-        def token_sum(x: torch.Tensor) -> torch.Tensor:
-            return torch.where(mask > 0, x.detach(), 0.0).sum()
+                x,
+                mask,
+                cfg.loss_agg_mode,
+                cu_seqlens=cu,
+                global_token_count=tokens,
+                global_seq_count=num_seqs,
+                norm_len=cfg.norm_len,
+            )
 
         kl_mat = (
             kl_penalty(lp, mb.ref_logprobs, cfg.kl_type)
@@ -433,11 +461,9 @@ class PolicyWorker:
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * ent
         n = pm.num_tokens
-        stats = torch.stack([
-            loss, pg, kl, ent, token_sum(out.entropy), token_sum(kl_mat),
-            *(n * getattr(pm, k) for k in _TOKEN_MEAN_KEYS),
-        ]).detach().double()  # fmt: skip
-        return loss, stats, pm.tis_max
+        sums = [loss, pg, kl, ent, _masked_sum(out.entropy, mask), _masked_sum(kl_mat, mask)]
+        sums += [n * getattr(pm, k) for k in _TOKEN_MEAN_KEYS]
+        return loss, torch.stack(sums).detach().double(), pm.tis_max
 
     def _clip_and_step(self) -> float:
         """Clip by the global gradient norm (DTensor-aware) and step; skip on a non-finite norm."""
@@ -513,6 +539,17 @@ def _checkpoint_names(
 
 # train_step's summed quantities: the loss shares (summed over micro-batches and ranks = global
 # values), then entropy/KL sums over loss tokens, then token-weighted policy metrics.
-_TOKEN_MEAN_KEYS = ("clipfrac", "clipfrac_lower", "approx_kl", "tis_mean", "tis_capped_frac",
-                    "rollout_abs_diff")  # fmt: skip
+_TOKEN_MEAN_KEYS = (
+    "clipfrac",
+    "clipfrac_lower",
+    "approx_kl",
+    "tis_mean",
+    "tis_capped_frac",
+    "rollout_abs_diff",
+)
 _SUM_KEYS = ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy", "kl", *_TOKEN_MEAN_KEYS)
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of ``x`` over the loss mask, detached (for metrics)."""
+    return torch.where(mask > 0, x.detach(), 0.0).sum()

@@ -446,8 +446,11 @@ class VLLMEngine:
         )
         log.info(
             "updated %d tensors (%.1f MB, %s) in %.3f s",
-            stats.num_tensors, stats.num_bytes / 1e6, transport, stats.total_s,
-        )  # fmt: skip
+            stats.num_tensors,
+            stats.num_bytes / 1e6,
+            transport,
+            stats.total_s,
+        )
         return stats
 
     async def _load(
@@ -481,9 +484,12 @@ class VLLMEngine:
         if transport == "cuda_ipc":
             ipc = CudaIpcBuffer(stream, self._ckpt_shapes, self._require_llm().model_config.dtype)
             return _PackedWeights(
-                "agentloop_reload_from_cuda_ipc", ipc.payload, ipc.num_tensors, ipc.num_bytes,
+                "agentloop_reload_from_cuda_ipc",
+                ipc.payload,
+                ipc.num_tensors,
+                ipc.num_bytes,
                 keep_alive=ipc,
-            )  # fmt: skip
+            )
         tensors = pack_tensors(stream, self._ckpt_shapes)
         num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         if transport == "bytes":

@@ -73,9 +73,12 @@ def _config(vocab: dict[str, int], vocab_size: int) -> Any:
         "eos_token_id": TOKEN_IDS["<|im_end|>"],
         "pad_token_id": TOKEN_IDS["<|endoftext|>"],
         # mrope splits head_dim / 2 = 32 rotary pairs over (t, h, w), as [16, 24, 24] does for 128
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                            "mrope_section": [8, 12, 12]},
-    }  # fmt: skip
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [8, 12, 12],
+        },
+    }
     vision = {
         "depth": 2,
         "hidden_size": 64,
