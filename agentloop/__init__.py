@@ -28,9 +28,9 @@ from agentloop.types import (
 
 if TYPE_CHECKING:
     from agentloop.chat import TokenBuilder
-    from agentloop.collect import collect, make_builder
+    from agentloop.collect import make_builder
     from agentloop.engines.base import SamplingParams
-    from agentloop.rollout import RolloutConfig, rollout
+    from agentloop.rollout import RolloutConfig
 
 __getattr__ = lazy_getattr(
     __name__,
@@ -38,9 +38,7 @@ __getattr__ = lazy_getattr(
         "RolloutConfig": "agentloop.rollout",
         "SamplingParams": "agentloop.engines.base",
         "TokenBuilder": "agentloop.chat",
-        "collect": "agentloop.collect",
         "make_builder": "agentloop.collect",
-        "rollout": "agentloop.rollout",
     },
 )
 
@@ -69,7 +67,5 @@ __all__ = [
     "TrajectoryGroup",
     "Turn",
     "__version__",
-    "collect",
     "make_builder",
-    "rollout",
 ]
