@@ -44,7 +44,9 @@ class FakeWorker:
             raise RuntimeError("no GPU left")
         return ()
 
-    async def _generate(self, ids: list[int], sampling: Any, session: Any) -> Completion:
+    async def _generate(
+        self, ids: list[int], sampling: Any, session: Any, images: Any = ()
+    ) -> Completion:
         await self.release.wait()
         if self.killed:
             raise ActorDiedError()
