@@ -178,9 +178,15 @@ class Launcher:
         ours, theirs = socket.socketpair()
         try:
             proc = await asyncio.create_subprocess_exec(
-                python, "-S", "-c", LAUNCHER_SOURCE, str(theirs.fileno()),
-                stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env={},
-            )  # fmt: skip
+                python,
+                "-S",
+                "-c",
+                LAUNCHER_SOURCE,
+                str(theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env={},
+            )
         finally:
             theirs.close()
         ours.setblocking(False)
@@ -243,9 +249,13 @@ class Launcher:
         in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
         send = {0: in_r, 1: out_w, 2: err_w, **fds}
         req = {
-            "argv": argv, "env": dict(env), "uid": uid, "targets": list(send),
-            "rlimits": [list(r) for r in rlimits], "oom_score_adj": oom_score_adj,
-        }  # fmt: skip
+            "argv": argv,
+            "env": dict(env),
+            "uid": uid,
+            "targets": list(send),
+            "rlimits": [list(r) for r in rlimits],
+            "oom_score_adj": oom_score_adj,
+        }
         if self.running:
             raise SandboxError("this launcher is still running a sandbox")
         self.running = True

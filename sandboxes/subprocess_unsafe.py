@@ -78,9 +78,15 @@ class UnsafeSubprocessSandbox(KernelSandbox):
         argv = [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "shared"]
         pipe = asyncio.subprocess.PIPE
         proc = await asyncio.create_subprocess_exec(
-            *argv, json.dumps(self._rlimits()), stdin=pipe, stdout=pipe, stderr=pipe,
-            cwd=workdir, env=self._env(workdir), start_new_session=True,
-        )  # fmt: skip
+            *argv,
+            json.dumps(self._rlimits()),
+            stdin=pipe,
+            stdout=pipe,
+            stderr=pipe,
+            cwd=workdir,
+            env=self._env(workdir),
+            start_new_session=True,
+        )
 
         def kill() -> None:
             if proc.returncode is None:  # the group is ours while its leader is unreaped
@@ -110,10 +116,15 @@ class UnsafeSubprocessSandbox(KernelSandbox):
             interp = [self.python, "-c", code] if language == "python" else ["bash", "-c", code]
             pipe = asyncio.subprocess.PIPE
             proc = await asyncio.create_subprocess_exec(
-                *prlimit, *interp, stdin=pipe if stdin else asyncio.subprocess.DEVNULL,
-                stdout=pipe, stderr=pipe, cwd=workdir, env=self._env(workdir),
+                *prlimit,
+                *interp,
+                stdin=pipe if stdin else asyncio.subprocess.DEVNULL,
+                stdout=pipe,
+                stderr=pipe,
+                cwd=workdir,
+                env=self._env(workdir),
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
             def kill() -> None:
                 with contextlib.suppress(ProcessLookupError):

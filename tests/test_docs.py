@@ -5,7 +5,8 @@ Each Markdown file's Python blocks run in order in one namespace, in a subproces
 working directory (the repository's ``recipes/`` and ``bench/`` linked in), with ``$MODEL`` set
 to the tiny model. A block that must not run here (a long training run, a GPU cluster) carries an
 annotation on the line above it, ``<!-- test: skip; covered by tests/x.py::test_y -->``, naming
-the test that covers it instead; that test must exist. ``text`` blocks are not code; ``yaml`` and ``json`` blocks must parse.
+the test that covers it instead; that test must exist. ``text`` blocks are not code; ``yaml``
+and ``json`` blocks must parse.
 """
 
 from __future__ import annotations

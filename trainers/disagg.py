@@ -136,8 +136,11 @@ class RolloutPool:
         """Create the workers and start their engines (they serve the model dir: version 0)."""
         for r in self.replicas:
             r.actor = self._make(r.index)
-        await self._deadline(asyncio.gather(*(r.actor.start.remote() for r in self.replicas)),
-                             self.restart_timeout_s, "start the rollout workers")  # fmt: skip
+        await self._deadline(
+            asyncio.gather(*(r.actor.start.remote() for r in self.replicas)),
+            self.restart_timeout_s,
+            "start the rollout workers",
+        )
         for r in self.replicas:
             r.ready.set()
 
@@ -212,8 +215,9 @@ class RolloutPool:
                 ray.kill(r.actor)
         try:
             r.actor = self._make(r.index)
-            await self._deadline(r.actor.start.remote(), self.restart_timeout_s,
-                                 f"restart rollout worker {r.index}")  # fmt: skip
+            await self._deadline(
+                r.actor.start.remote(), self.restart_timeout_s, f"restart rollout worker {r.index}"
+            )
         except Exception as exc:  # recorded: serve() stops the run, generate() fails fast
             log.error("rollout worker %d could not be restarted: %s", r.index, exc)
             self._error = exc
@@ -265,16 +269,25 @@ class RolloutPool:
         )
         world = len(targets) + 1
         t0 = time.perf_counter()
-        await self._together([
-            rank0.join_push_group.remote(host, port, world, self.push_timeout_s),
-            *(r.actor.join_push_group.remote(host, port, i + 1, world, backend,
-                                             self.push_timeout_s)
-              for i, r in enumerate(targets)),
-        ], "form the weight push group")  # fmt: skip
-        results = await self._together([
-            *(t.push_weights.remote(self.dtype) for t in self.trainers),
-            *(r.actor.receive_weights.remote(version, interrupt) for r in targets),
-        ], "push the weights")  # fmt: skip
+        await self._together(
+            [
+                rank0.join_push_group.remote(host, port, world, self.push_timeout_s),
+                *(
+                    r.actor.join_push_group.remote(
+                        host, port, i + 1, world, backend, self.push_timeout_s
+                    )
+                    for i, r in enumerate(targets)
+                ),
+            ],
+            "form the weight push group",
+        )
+        results = await self._together(
+            [
+                *(t.push_weights.remote(self.dtype) for t in self.trainers),
+                *(r.actor.receive_weights.remote(version, interrupt) for r in targets),
+            ],
+            "push the weights",
+        )
         stats: dict[str, float] = {**results[len(self.trainers)], **results[0]}
         stats["sync/push_s"] = time.perf_counter() - t0
         return stats

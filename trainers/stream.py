@@ -307,8 +307,9 @@ class RolloutStream:
         if jobs:
             _, pending = await asyncio.wait(jobs, timeout=_CLOSE_TIMEOUT_S)
             if pending:
-                log.warning("%d rollout tasks did not stop within %.0f s", len(pending),
-                            _CLOSE_TIMEOUT_S)  # fmt: skip
+                log.warning(
+                    "%d rollout tasks did not stop within %.0f s", len(pending), _CLOSE_TIMEOUT_S
+                )
         self._producer = None
 
 
