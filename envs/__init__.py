@@ -1,6 +1,6 @@
 """Environments: the async env contract, registry, gymnasium adapter, ToolEnv and reference envs."""
 
-from agentloop.envs.base import Env, StepResult
+from agentloop.envs.base import AnswerHook, Env, StepResult
 from agentloop.envs.calc import CalcEnv, calc_reward, make_calc_task
 from agentloop.envs.gym_adapter import GymnasiumEnv
 from agentloop.envs.registry import EnvSpec, make, register, registered, spec
@@ -16,6 +16,7 @@ from agentloop.envs.rewards import (
 from agentloop.envs.tool_env import ToolEnv
 
 __all__ = [
+    "AnswerHook",
     "CalcEnv",
     "Env",
     "EnvSpec",

@@ -29,9 +29,10 @@ PUBLIC = {
         "register_parser", "tool", "truncate_to_tokens",
     },
     "agentloop.envs": {
-        "CalcEnv", "Env", "EnvSpec", "GymnasiumEnv", "Reward", "RewardFn", "StepResult", "ToolEnv",
-        "calc_reward", "exact_match", "extract_boxed", "f1_score", "make", "make_calc_task",
-        "math_equal", "normalize_answer", "register", "registered", "spec",
+        "AnswerHook", "CalcEnv", "Env", "EnvSpec", "GymnasiumEnv", "Reward", "RewardFn",
+        "StepResult", "ToolEnv", "calc_reward", "exact_match", "extract_boxed", "f1_score",
+        "make", "make_calc_task", "math_equal", "normalize_answer", "register", "registered",
+        "spec",
     },
     "agentloop.sandboxes": {
         "ExecResult", "FakeSandbox", "LANGUAGES", "Sandbox", "SandboxFactory", "SandboxLimits",
