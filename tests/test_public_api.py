@@ -67,7 +67,7 @@ def test_a_name_not_exported_is_an_attribute_error() -> None:
 def test_the_light_packages_stay_light_until_a_lazy_name_is_read() -> None:
     code = (
         "import sys, agentloop, agentloop.engines, agentloop.trainers, agentloop.tools,"
-        " agentloop.envs, agentloop.sandboxes;"
+        " agentloop.envs, agentloop.sandboxes, agentloop.rollout;"
         "print(sorted({'torch', 'vllm', 'ray', 'transformers'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
