@@ -271,6 +271,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(config_to_yaml(cfg), end="")
         # the sizes as YAML comments: the whole output stays a config that loads back
         print("\n".join(f"# {line}" for line in batch_sizes(cfg).describe().splitlines()))
+        print("".join(f"# notice: {notice}\n" for notice in cfg.notices()), end="")
         return 0
     from agentloop.trainers.grpo import train
 

@@ -51,6 +51,8 @@ PLACEMENTS = ("local", "ray")
 MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+#: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
+GROUP_ESTIMATORS = ("grpo", "rloo")
 
 
 def _check(section: str, obj: Any, rules: Sequence[tuple[str, bool, str]]) -> None:
@@ -405,12 +407,23 @@ class LoggingConfig:
     """Show a progress bar of the steps (on stderr)."""
     tensorboard: bool = True
     """Write TensorBoard events to ``trainer.out_dir``/``tb/``."""
-    wandb: bool = True
-    """Log to Weights & Biases, when the ``wandb`` package is installed (else skipped)."""
+    wandb: bool = False
+    """Log to Weights & Biases (needs the ``wandb`` package: a run asked to log there without
+    it fails at start-up rather than losing the metrics silently)."""
     wandb_project: str = "agentloop"
     """W&B project name."""
     run_name: str | None = None
     """W&B run name; None: W&B picks one."""
+
+    def check_available(self) -> None:
+        """Raise if a requested sink's package is missing (before a run starts any work)."""
+        import importlib.util
+
+        if self.wandb and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "logging.wandb=true but the wandb package is not installed; pip install wandb, "
+                "or set logging.wandb=false (metrics.jsonl and TensorBoard are still written)"
+            )
 
 
 @dataclass(frozen=True)
@@ -519,11 +532,52 @@ class TrainConfig:
                 "algorithm.dynamic_sampling=true needs rollout.n >= 2 (it drops groups whose "
                 f"samples all score the same), got n={r.n}",
             ),
+            *self._algorithm_rules(),
             *self._mode_rules(),
         ]
         for ok, message in rules:
             if not ok:
                 raise ConfigError(message)
+
+    def _algorithm_rules(self) -> list[tuple[bool, str]]:
+        """Combinations that are accepted by each section yet train something else than asked."""
+        r, a, actor = self.rollout, self.algorithm, self.actor
+        return [
+            (
+                # verl refuses it too: the group is the baseline of GRPO and RLOO
+                r.n >= 2 or a.adv_estimator not in GROUP_ESTIMATORS,
+                f"rollout.n={r.n} with algorithm.adv_estimator={a.adv_estimator}: a group of one "
+                "sample has no baseline to compare its reward with, so the advantages are not "
+                f"{a.adv_estimator}'s; set rollout.n >= 2 (e.g. 8), or use "
+                "algorithm.adv_estimator=reinforce_plus_plus (a batch-wide baseline)",
+            ),
+            (
+                # GSPO's objective is a mean over sequences of their length-normalised ratio
+                actor.policy_loss != "gspo" or actor.loss_agg_mode == "seq-mean-token-mean",
+                f"actor.policy_loss=gspo with actor.loss_agg_mode={actor.loss_agg_mode}: GSPO's "
+                "sequence-level objective averages over sequences (verl fixes it); set "
+                "actor.loss_agg_mode=seq-mean-token-mean",
+            ),
+        ]
+
+    def notices(self) -> tuple[str, ...]:
+        """Legitimate but unusual settings a run warns about once and records in its
+        ``notices.jsonl`` (they are allowed: debugging runs and ablations use them)."""
+        a, actor = self.algorithm, self.actor
+        found = []
+        if actor.lr == 0:
+            found.append(
+                "actor.lr=0: the optimiser never changes the weights, so this run trains nothing "
+                "(fine for a pipeline check; set actor.lr, e.g. 1e-6, to learn)"
+            )
+        if actor.kl_coef > 0 and a.use_kl_in_reward:
+            found.append(
+                f"KL to the reference is used twice: as a loss term (actor.kl_coef="
+                f"{actor.kl_coef}) and as a reward penalty (algorithm.use_kl_in_reward=true, "
+                f"kl_reward_coef={a.kl_reward_coef}); usually one is meant: set actor.kl_coef=0 "
+                "or algorithm.use_kl_in_reward=false"
+            )
+        return tuple(found)
 
     def _mode_rules(self) -> list[tuple[bool, str]]:
         t, r = self.trainer, self.rollout

@@ -42,6 +42,7 @@ from agentloop.trainers.config import (
 from agentloop.trainers.data import PromptSampler, write_step_groups
 from agentloop.trainers.group import WorkerGroup, open_worker_group
 from agentloop.trainers.metrics import MetricsLogger, PhaseTimer, mismatch_metrics, rollout_metrics
+from agentloop.trainers.notices import RunNotices
 from agentloop.trainers.packing import TrainSeq, train_seqs
 from agentloop.trainers.rollouts import (
     BatchSource,
@@ -93,6 +94,7 @@ class _Run:
     group: WorkerGroup
     engine: BusyMeter | None = None  # the group's engine, with its busy time measured
     source: BatchSource | None = None
+    notices: RunNotices | None = None
 
     def batches(self) -> BatchSource:
         assert self.source is not None
@@ -111,9 +113,13 @@ async def train_async(
     ``engine`` (local placement) generates instead of a vLLM engine of the run's own."""
     from transformers import AutoTokenizer
 
+    cfg.logging.check_available()
     out = Path(cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
+    notices = RunNotices(out)
+    for message in cfg.notices():
+        notices.note(message, message)
     model_dir = resolve_model_path(cfg.model.path)
     env = make(cfg.data.env, **cfg.data.env_kwargs)
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
@@ -123,7 +129,7 @@ async def train_async(
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with open_worker_group(cfg, model_dir, engine=engine) as group:
         meter = BusyMeter(group.engine) if group.engine is not None else None
-        run = _Run(cfg, out, model_dir, builder, sampler, group, meter)
+        run = _Run(cfg, out, model_dir, builder, sampler, group, meter, notices=notices)
         state = await _restore(run)
         start, source = (state.step, state.source) if state else (0, None)
         run.source = make_source(
@@ -240,7 +246,7 @@ async def _step(
         for s, a, o, r in zip(seqs, adv, old, ref or old, strict=True)
     ]
     with timer("update_actor"):
-        metrics.update(await _update(run, seqs))
+        metrics.update(await _update(run, seqs, step))
     metrics["perf/tokens"] = float(sum(len(s) for s in seqs))
     if sleep:
         await group.wake_engines(["weights"])
@@ -305,12 +311,22 @@ def _adv_metrics(adv: Sequence[torch.Tensor], seqs: Sequence[TrainSeq]) -> dict[
     }
 
 
-async def _update(run: _Run, seqs: Sequence[TrainSeq]) -> dict[str, float]:
+async def _update(run: _Run, seqs: Sequence[TrainSeq], step: int) -> dict[str, float]:
     """``ppo_epochs`` passes over ``mini_batches`` contiguous mini-batches, one optimiser update
     each. Metrics are the mean over updates (``actor/updates`` counts them)."""
     t, world = run.cfg.trainer, run.group.world_size
-    # every rank needs a sequence per update; heavy filtering can leave fewer than planned
+    # every rank needs a sequence per update; heavy filtering can leave fewer than planned.
+    # Not an error (filtering is random), but the run should say so: a warning and a notice
     k = max(1, min(t.mini_batches, len(seqs) // world))
+    if k < t.mini_batches and run.notices is not None:
+        run.notices.note(
+            "fewer_mini_batches",
+            f"step {step}: only {len(seqs)} sequences with trained tokens for {world} worker(s), "
+            f"so the update used {k} mini-batch(es) instead of trainer.mini_batches="
+            f"{t.mini_batches} (warned once; actor/updates has each step's count); lower "
+            "mini_batches or raise trainer.prompts_per_step",
+            step=step,
+        )
     bounds = [round(i * len(seqs) / k) for i in range(k + 1)]
     chunks = [list(seqs[a:b]) for a, b in itertools.pairwise(bounds)]
     results = []

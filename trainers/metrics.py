@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import math
@@ -199,7 +198,8 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(str(out_dir / "tb"), purge_step=start_step + 1)
         self._wandb: Any = None
-        if cfg.wandb and importlib.util.find_spec("wandb") is not None:
+        if cfg.wandb:
+            cfg.check_available()
             import wandb
 
             self._wandb = wandb.init(

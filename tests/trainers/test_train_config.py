@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from agentloop.trainers.config import (
     example_config,
     load_config,
 )
+from agentloop.trainers.notices import NOTICES_FILE, RunNotice, RunNotices
 from agentloop.trainers.worker import WorkerConfig
 
 TINY = example_config("grpo_calc_tiny")
@@ -108,6 +112,19 @@ def test_the_loader_takes_any_dataclass_schema(tmp_path: Path) -> None:
         (["checkpoint.resume=/no/such/step"], r"checkpoint\.resume=.*'auto', 'never' or"),
         (["rollout.max_turns=0"], r"rollout\.max_turns must be >= 1"),
         (["actor.clip_ratio_low=1.5"], r"WorkerConfig\.clip_ratio_low=1\.5"),
+        (
+            ["rollout.n=1"],
+            r"rollout\.n=1 with algorithm\.adv_estimator=grpo: .*no baseline.*n >= 2",
+        ),
+        (
+            ["rollout.n=1", "algorithm.adv_estimator=rloo"],
+            r"rollout\.n=1 with algorithm\.adv_estimator=rloo.*reinforce_plus_plus",
+        ),
+        (
+            ["actor.policy_loss=gspo"],
+            r"policy_loss=gspo with actor\.loss_agg_mode=token-mean.*set actor\.loss_agg_mode="
+            r"seq-mean-token-mean",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_the_fix(overrides: list[str], expected: str) -> None:
@@ -136,3 +153,78 @@ def test_cli_reports_config_errors_without_a_traceback(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "agentloop train: error: trainer.prompts_per_step=4" in err
     assert "Traceback" not in err
+
+
+def test_allowed_degenerate_settings_are_notices() -> None:
+    """lr=0 (a pipeline check) and KL twice (an ablation) are allowed, but each is a notice
+    that the run warns about and records; REINFORCE++ with n=1 and GSPO done right are fine."""
+    assert load_config(TrainConfig, TINY).notices() == ()
+    ok = ["rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"]
+    ok += ["actor.policy_loss=gspo", "actor.loss_agg_mode=seq-mean-token-mean"]
+    assert load_config(TrainConfig, TINY, ok).notices() == ()
+    lr0, kl2 = load_config(
+        TrainConfig, TINY, ["actor.lr=0", "actor.kl_coef=0.01", "algorithm.use_kl_in_reward=true"]
+    ).notices()
+    assert lr0.startswith("actor.lr=0: the optimiser never changes the weights")
+    assert "as a loss term (actor.kl_coef=0.01) and as a reward penalty" in kl2
+
+
+def test_a_notice_warns_once_and_is_kept_in_the_run_dir(tmp_path: Path) -> None:
+    notices = RunNotices(tmp_path)
+    with pytest.warns(RunNotice, match=r"actor\.lr=0: .*trains nothing"):
+        notices.note("lr", "actor.lr=0: trains nothing", step=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        notices.note("lr", "actor.lr=0: trains nothing")  # once per run
+    [record] = [json.loads(line) for line in (tmp_path / NOTICES_FILE).read_text().splitlines()]
+    assert (record["key"], record["message"]) == ("lr", "actor.lr=0: trains nothing")
+
+
+def test_wandb_is_off_by_default_and_an_error_when_asked_for_but_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_config(TrainConfig).logging.wandb is False
+    cfg = load_config(TrainConfig, TINY, ["logging.wandb=true"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"logging\.wandb=true but the wandb package is not "):
+        cfg.logging.check_available()
+
+
+async def test_an_update_short_of_mini_batches_warns_once_and_records_it(tmp_path: Path) -> None:
+    """Filtering can leave fewer sequences than workers × mini-batches: the update uses fewer
+    mini-batches (not an error: it is random), and the run says so once and keeps a notice."""
+    from agentloop.trainers.grpo import _Run, _update
+
+    class TwoWorkers:
+        world_size = 2
+
+        async def train_step(self, chunk: list[object]) -> dict[str, float]:
+            return {"loss": float(len(chunk))}
+
+    cfg = load_config(TrainConfig, TINY, ["trainer.placement=ray", "trainer.num_workers=2"])
+    run = _Run(cfg, tmp_path, tmp_path, None, None, TwoWorkers(), notices=RunNotices(tmp_path))  # type: ignore[arg-type]
+    with pytest.warns(RunNotice, match=r"step 3: only 3 sequences .* used 1 mini-batch\(es\) "):
+        metrics = await _update(run, [object()] * 3, 3)  # type: ignore[list-item]
+    assert metrics["actor/updates"] == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (await _update(run, [object()] * 2, 4))["actor/updates"] == 1.0  # type: ignore[list-item]
+    assert [json.loads(x)["step"] for x in (tmp_path / NOTICES_FILE).read_text().splitlines()] == [
+        3
+    ]
+
+
+@pytest.mark.parametrize("name", ["dapo_7b", "dapo_32b"])
+def test_the_retool_dapo_recipes_are_dapo(name: str) -> None:
+    """DAPO = clip-higher + token-mean + overlong shaping + dynamic sampling (on accuracy)."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "retool" / f"{name}.yaml"
+    cfg = load_config(TrainConfig, recipe)
+    a, actor = cfg.algorithm, cfg.actor
+    assert (a.dynamic_sampling, a.filter_metric, a.overlong_buffer > 0) == (True, "correct", True)
+    assert (actor.clip_ratio_high > actor.clip_ratio_low, actor.loss_agg_mode) == (
+        True,
+        "token-mean",
+    )
