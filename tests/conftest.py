@@ -13,11 +13,14 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from tiers import COLLECTED, STARTS
+from tiers import COLLECTED, LANE_B, STARTS
+
+if TYPE_CHECKING:
+    from short_demo import DemoRun
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -35,6 +38,13 @@ VLLM_SETTINGS: dict[str, Any] = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each xdist worker leads its own process group: the vLLM leak checks below look for
+        # leftovers in "our" group, which must not include the other lane's engines.
+        os.setpgid(0, 0)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the derived markers take part
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -42,6 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for marker in STARTS.get(fixture, ()):
                 if item.get_closest_marker(marker) is None:
                     item.add_marker(marker)
+        lane = "b" if item.nodeid.split("::")[0] in LANE_B else "a"
+        item.add_marker(pytest.mark.xdist_group(lane))  # used by `-n 2 --dist loadgroup`
     collected = {
         item.nodeid: (
             frozenset(m.name for m in item.iter_markers()),
@@ -104,6 +116,16 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
     assert not alive, f"vLLM processes {alive} survived shutdown"
     left = vllm_processes(since=started)
     assert not left, f"vLLM processes left: {left}"
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The shortened demo (tests/short_demo.py), run once: the demo test reads all of it, the
+    SFT test its SFT stage."""
+    pytest.importorskip("vllm")
+    from short_demo import run_short_demo
+
+    return run_short_demo(tmp_path_factory.mktemp("demo") / "demo")
 
 
 @pytest.fixture(scope="session")

@@ -59,7 +59,8 @@ def _module(nodeid: str) -> str:
 def _tiers(config: pytest.Config, tmp_path: Path) -> Tiers:
     """Markers and fixtures of the tests of every module named above: from this session's
     collection when it collected them (make test, make test-fast), else a collect-only run."""
-    modules = sorted({*KNOWN, *QUICK_MODULES, *USERS, *map(_module, KNOWN_TESTS)})
+    named = {*KNOWN, *QUICK_MODULES, *USERS, *tiers_module.LANE_B, *map(_module, KNOWN_TESTS)}
+    modules = sorted(named)
     collected = config.stash.get(COLLECTED, {})
     if {_module(n) for n in collected} >= set(modules):
         return collected
@@ -97,6 +98,14 @@ def test_quick_modules_carry_no_heavy_marker(tiers: Tiers) -> None:
         heavy = {n: tiers[n][0] & HEAVY for n in tiers if _module(n) == module}
         assert heavy, f"{module} has no tests"
         assert not any(heavy.values()), heavy
+
+
+def test_lane_b_names_modules_that_exist_and_make_test_runs_the_lanes(tiers: Tiers) -> None:
+    modules = {_module(n) for n in tiers}
+    assert modules >= tiers_module.LANE_B, tiers_module.LANE_B - modules
+    for nodeid, (markers, _) in tiers.items():
+        assert "xdist_group" in markers, nodeid
+    assert "-n 2 --dist loadgroup" in (ROOT / "Makefile").read_text()
 
 
 def test_every_fixture_that_starts_something_is_in_use(tiers: Tiers) -> None:

@@ -14,14 +14,25 @@ STARTS: dict[str, tuple[str, ...]] = {
     "vllm_server": ("vllm", "integration"),  # `vllm serve` (engines/test_vllm_serve.py)
     "train_run": ("e2e", "vllm", "integration", "slow"),  # GRPO in this process (trainers/)
     "train_cli": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` subprocesses
-    "sft_run": ("e2e", "integration", "slow"),  # the shipped SFT recipe: minutes of training
-    "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened
+    "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
     "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
     "chromium": ("browser", "integration"),  # headless Chromium through playwright
     "podman": ("slow", "integration"),  # a podman service and its image
     "hybrid_dir": ("slow",),  # dense embeddings of the search corpus (~30 s)
 }
+
+#: ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadgroup``), each a lane that
+#: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
+#: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
+#: lane "b": the long demo (its SFT stage read by the SFT test), then async training runs, which
+#: start their own engines and no Ray. Everything else is lane "a", Ray included (one Ray
+#: cluster at a time).
+LANE_B = frozenset({
+    "tests/recipes/test_demo.py",
+    "tests/trainers/test_sft_calc.py",
+    "tests/trainers/test_async_vllm.py",
+})  # fmt: skip
 
 #: The quick tier: what runs while working (``make test-fast``).
 QUICK = "not (slow or vllm or ray or e2e or browser or gpu)"

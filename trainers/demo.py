@@ -19,10 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.config import TrainConfig, load_config
+
+if TYPE_CHECKING:
+    from agentloop.trainers.sft import SFTResult
 
 __all__ = [
     "RECIPE_DIR",
@@ -89,6 +92,7 @@ class DemoResult:
     passed: bool
     curve_png: Path
     viewer_html: Path
+    sft: SFTResult  # the cold-start run: steps, held-out loss before/after, its exported model
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -235,4 +239,4 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
         "eval of the SFT (step 0) and RL checkpoints",
     )(_grpo, configs.grpo)
     console.rule("[bold cyan]5/5 compare, plot, view, report")
-    return finish(configs, seconds, started, console)
+    return finish(configs, sft, seconds, started, console)

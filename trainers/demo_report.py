@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,6 +21,7 @@ from agentloop.trainers.metrics import read_metrics
 
 if TYPE_CHECKING:
     from agentloop.trainers.demo import DemoConfigs, DemoResult
+    from agentloop.trainers.sft import SFTResult
 
 __all__ = [
     "RESULT_FILE",
@@ -122,7 +124,7 @@ def _val_metrics(configs: DemoConfigs) -> dict[int, dict[str, float]]:
 
 
 def finish(
-    configs: DemoConfigs, seconds: dict[str, float], started: float, console: Any
+    configs: DemoConfigs, sft: SFTResult, seconds: dict[str, float], started: float, console: Any
 ) -> DemoResult:
     """Compare, plot, view, and print the final report; write ``demo_result.json``."""
     from agentloop.trainers.demo import DemoResult
@@ -157,10 +159,11 @@ def finish(
         passed,
         curve,
         view,
+        sft,
         dict(seconds),
     )
     record = {
-        **{k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()},
+        **dataclasses.asdict(result),  # the SFT run's record nested under "sft"; paths as str
         "tool_use_of_correct": tool_use_of_correct(rl_eval),
         "tool_call_rate_sft": tool_call_rate(sft_eval),
         "tool_call_rate_rl": tool_call_rate(rl_eval),
@@ -169,7 +172,7 @@ def finish(
         "load_avg": os.getloadavg(),
         "cpus": os.cpu_count(),
     }
-    (out / "demo_result.json").write_text(json.dumps(record, indent=2))
+    (out / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str))
     _print_report(console, configs, result, record)
     return result
 

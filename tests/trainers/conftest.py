@@ -28,7 +28,6 @@ from transformers import Qwen2ForCausalLM
 
 from agentloop.trainers.config import TrainConfig, load_config
 from agentloop.trainers.grpo import StepInfo, TrainResult, train_async
-from agentloop.trainers.sft import SFTConfig, SFTResult, run_sft
 
 OnStep = Callable[[StepInfo], Any]
 
@@ -88,17 +87,6 @@ def local_run(
 
     result = train_run(run_overrides(tiny_model_dir, out), on_step=check_sync)
     return LocalRun(out, result, sync)
-
-
-@pytest.fixture
-def sft_run() -> Callable[[SFTConfig], SFTResult]:
-    """``sft_run(cfg)``: an SFT recipe run in this process, on both cores (minutes)."""
-
-    def run(cfg: SFTConfig) -> SFTResult:
-        torch.set_num_threads(2)  # _one_thread pins 1 thread for the tiny unit tests
-        return run_sft(cfg)
-
-    return run
 
 
 @pytest.fixture

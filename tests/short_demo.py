@@ -1,0 +1,38 @@
+"""The demo, shortened for the test suite: one run that the demo test and the SFT test both read.
+
+``agentloop demo`` costs ~17 minutes; the suite runs it once per session with SHORT_STEPS GRPO
+steps. The scripted expert's traces run their python in the fake (in-process) sandbox here, a
+saving of ~3 minutes: test_calc_traces_from_the_local_sandbox_match_the_fake_one
+(tests/trainers/test_sft.py) shows it gives the bubblewrap sandbox's rows, and the GRPO stage
+still calls the tool in bubblewrap. tests/trainers/test_sft_calc.py reads the SFT stage, which
+trains with the shipped ``sft_calc_tiny`` recipe's settings (tests/recipes/test_demo_config.py
+pins that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentloop.trainers.demo import DemoConfigs, DemoResult, load_demo_configs, run_demo
+
+__all__ = ["SHORT_STEPS", "DemoRun", "run_short_demo"]
+
+SHORT_STEPS = 8
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    out: Path
+    configs: DemoConfigs
+    result: DemoResult
+
+
+def run_short_demo(out: Path) -> DemoRun:
+    """Traces, SFT, SHORT_STEPS GRPO steps on vLLM with both evals, the report, under ``out``."""
+    configs = load_demo_configs([
+        f"demo.out_dir={out}", "demo.trace_sandbox=fake", f"grpo.trainer.total_steps={SHORT_STEPS}",
+        f"grpo.trainer.val_every={SHORT_STEPS}", "grpo.logging.progress=false",
+        "sft.logging.progress=false",
+    ])  # fmt: skip
+    return DemoRun(out, configs, run_demo(configs))
