@@ -159,7 +159,7 @@ async def open_engine(config: EvalConfig) -> AsyncIterator[Engine]:
     if kind == "hf":
         from agentloop.engines.hf import HFEngine
 
-        yield HFEngine.from_pretrained(config.model, **config.engine_args)
+        yield HFEngine.from_settings(config.model, config.engine_args)
     elif kind == "vllm":
         from agentloop.engines.vllm import VLLMEngine
 
@@ -174,9 +174,9 @@ async def open_engine(config: EvalConfig) -> AsyncIterator[Engine]:
     else:
         from agentloop.engines.openai_http import OpenAIEngine
 
-        served = str(config.engine_args.get("served_model", config.model))
         api_key = os.environ.get("OPENAI_API_KEY")
-        async with OpenAIEngine(str(config.base_url), served, api_key) as engine:
+        args = (str(config.base_url), config.model, config.engine_args, api_key)
+        async with OpenAIEngine.from_settings(*args) as engine:
             yield engine
 
 

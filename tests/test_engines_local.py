@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from agentloop.cli import main
 from agentloop.engines.base import Engine, SamplingParams
 from agentloop.engines.fake import FakeEngine
 from agentloop.engines.hf import HFEngine
@@ -60,3 +61,16 @@ def test_hf_engine_token_in_token_out(hf_engine: HFEngine, tokenizer: Any) -> No
 def test_hf_engine_rejects_overlong_requests(hf_engine: HFEngine) -> None:
     with pytest.raises(InferenceError, match="max_position_embeddings"):
         asyncio.run(hf_engine.generate([1] * 10, SamplingParams(max_tokens=100_000)))
+
+
+def test_hf_engine_settings_are_checked_by_name(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentloop eval --engine hf`` with a vLLM setting or a bad dtype: a clear error, exit 2."""
+    base = ["eval", "--env", "agentloop/Calc-v0", "--model", str(tiny_model_dir), "--engine", "hf"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--engine-arg", "enforce_eager=true"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown HFEngine setting(s) ['enforce_eager']; known: ['dtype']" in err
+    assert "Traceback" not in err
+    with pytest.raises(ConfigError, match=r"HFEngine dtype='float16x': must be one of"):
+        HFEngine.from_settings(tiny_model_dir, {"dtype": "float16x"})

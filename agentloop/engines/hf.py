@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentloop.engines.base import SamplingParams
-from agentloop.errors import InferenceError
+from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
 
 if TYPE_CHECKING:
     from agentloop.vision import VisionProcessor
 
 __all__ = ["HFEngine"]
+
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class HFEngine:
@@ -48,9 +51,24 @@ class HFEngine:
         return self.vision is not None
 
     @classmethod
+    def from_settings(cls, path: str | Path, settings: Mapping[str, Any]) -> HFEngine:
+        """:meth:`from_pretrained` with settings from a config or ``--engine-arg KEY=VALUE``,
+        checked first: an unknown key (a vLLM setting, a typo) names the ones there are."""
+        known = [p for p in inspect.signature(cls.from_pretrained).parameters if p != "path"]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown HFEngine setting(s) {unknown}; known: {known} (vLLM's settings apply "
+                "to --engine vllm only)"
+            )
+        return cls.from_pretrained(path, **settings)
+
+    @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32") -> HFEngine:
         """Load a causal LM, or a vision-language model with its image processor, from a local
-        directory (no hub access)."""
+        directory (no hub access). ``dtype``: ``float32``, ``float16`` or ``bfloat16``."""
+        if dtype not in _DTYPES:
+            raise ConfigError(f"HFEngine dtype={dtype!r}: must be one of {_DTYPES}")
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import math
@@ -78,6 +79,20 @@ class OpenAIEngine:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_settings(
+        cls, base_url: str, model: str, settings: Mapping[str, Any], api_key: str | None = None
+    ) -> OpenAIEngine:
+        """An engine from ``--engine-arg KEY=VALUE`` settings: ``served_model`` (the server's
+        ``--served-model-name``; default ``model``) and the keyword arguments of ``__init__``;
+        an unknown key names the ones there are."""
+        known = ["served_model", *list(inspect.signature(cls.__init__).parameters)[4:]]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown OpenAIEngine setting(s) {unknown}; known: {known}")
+        rest = {k: v for k, v in settings.items() if k != "served_model"}
+        return cls(base_url, str(settings.get("served_model", model)), api_key, **rest)
 
     @property
     def supports_images(self) -> bool:
@@ -155,7 +170,7 @@ class OpenAIEngine:
                 async with self._client().post(self.url, json=body) as resp:
                     text = await resp.text()
                     if resp.status != 200:
-                        raise InferenceError(_http_error(self.url, resp.status, text))
+                        raise InferenceError(_http_error(self.url, resp.status, text, self.model))
                     try:
                         return await resp.json(content_type=None)
                     except ValueError as e:
@@ -187,7 +202,7 @@ class OpenAIEngine:
         )
 
 
-def _http_error(url: str, status: int, text: str) -> str:
+def _http_error(url: str, status: int, text: str, model: str) -> str:
     message = text[:500]
     try:
         payload = json.loads(text)
@@ -195,8 +210,22 @@ def _http_error(url: str, status: int, text: str) -> str:
         message = err.get("message", message) if isinstance(err, dict) else str(err)
     except ValueError:
         pass
-    hint = " (does base_url end with /v1?)" if status == 404 else ""
+    hint = _hint_404(url, model, message) if status == 404 else ""
     return f"{url} answered HTTP {status}{hint}: {message}"
+
+
+def _hint_404(url: str, model: str, message: str) -> str:
+    """What a 404 most likely means: an unknown model name (vLLM answers "The model `X` does
+    not exist"), or a base_url without the API root."""
+    if "model" in message.lower() and model in message:
+        return (
+            f" (the server serves no model named {model!r}: pass the name it serves, its "
+            "--served-model-name, as the engine's model; agentloop eval: --engine-arg "
+            f"served_model=NAME; GET {url.rsplit('/', 1)[0]}/models lists them)"
+        )
+    if not url.rsplit("/", 1)[0].endswith("/v1"):
+        return " (does base_url end with /v1?)"
+    return " (is this an OpenAI-compatible completions server?)"
 
 
 def parse_completion(data: Any, url: str = "the server") -> Completion:

@@ -42,6 +42,9 @@ class Stub:
             request.transport.close()
             return web.Response()
         prompt = body["prompt"]
+        if body["model"] != "tiny":  # vLLM's answer for a name it does not serve
+            error = {"message": f"The model `{body['model']}` does not exist.", "code": 404}
+            return web.json_response({"error": {**error, "type": "NotFoundError"}}, status=404)
         if prompt[0] == BAD:
             error = {"message": "prompt too long: 900 > 512", "type": "BadRequestError"}
             return web.json_response({"error": {**error, "code": 400}}, status=400)
@@ -145,6 +148,29 @@ async def test_wrong_path_hints_at_v1(stub: tuple[Stub, str]) -> None:
     async with OpenAIEngine(url.removesuffix("/v1"), "tiny") as engine:
         with pytest.raises(InferenceError, match=r"HTTP 404 \(does base_url end with /v1\?\)"):
             await engine.generate([1], SamplingParams())
+
+
+async def test_an_unknown_model_name_hints_at_served_model(stub: tuple[Stub, str]) -> None:
+    """base_url ends with /v1 here: the hint must be about the model name, not the path."""
+    _, url = stub
+    async with OpenAIEngine.from_settings(url, "/models/tiny-dir", {}) as engine:
+        with pytest.raises(
+            InferenceError,
+            match=r"HTTP 404 \(the server serves no model named '/models/tiny-dir': .*"
+            r"--engine-arg served_model=NAME; GET http://127\.0\.0\.1:\d+/v1/models lists",
+        ):
+            await engine.generate([1], SamplingParams())
+    async with OpenAIEngine.from_settings(url, "/models/tiny-dir", {"served_model": "tiny"}) as e:
+        assert len((await e.generate([1], SamplingParams(max_tokens=2))).token_ids) == 2
+
+
+def test_unknown_engine_settings_name_the_known_ones() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown OpenAIEngine setting\(s\) \['enforce_eager'\]; known: "
+        r"\['served_model', 'timeout_s', 'connect_timeout_s', 'max_retries'",
+    ):
+        OpenAIEngine.from_settings("http://127.0.0.1:1/v1", "m", {"enforce_eager": True})
 
 
 async def test_timeout_is_a_clear_error_and_not_retried(stub: tuple[Stub, str]) -> None:
