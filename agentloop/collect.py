@@ -28,6 +28,18 @@ def make_builder(tokenizer: Any, env_id: str, **env_kwargs: Any) -> TokenBuilder
     return TokenBuilder(tokenizer, tools=make(env_id, **env_kwargs).tool_schemas)
 
 
+def _check_tools(builder: TokenBuilder, schemas: Sequence[Mapping[str, Any]], env_id: str) -> None:
+    """The tools the builder's system turn shows are the env's: a builder reused from another
+    env would prompt the model with tools the env cannot run, and hide the ones it can."""
+    shown = [t.get("function", t).get("name") for t in builder.tools or []]
+    has = [t.get("function", t).get("name") for t in schemas]
+    if sorted(shown) != sorted(has):
+        raise ConfigError(
+            f"the TokenBuilder shows the model the tools {shown}, but env {env_id!r} has "
+            f"{has}; build one for this env: make_builder(tokenizer, {env_id!r})"
+        )
+
+
 def stable_seed(*parts: object) -> int:
     """A 31-bit seed hashed from ``parts``, e.g. (run seed, task id, sample index): different
     parts give unrelated seeds, the same parts give the same seed in every process and rerun
@@ -61,7 +73,7 @@ async def collect(
         raise ConfigError(
             f"collect needs group_size >= 1 and concurrency >= 1, got {group_size}, {concurrency}"
         )
-    factory = _env_factory(env, env_kwargs or {})
+    factory = _env_factory(env, env_kwargs or {}, builder)
     slots = asyncio.Semaphore(concurrency)
 
     async def one(task: Task, index: int) -> Trajectory:
@@ -166,10 +178,13 @@ def _young_collections_spaced(per_batch: int = 0) -> Iterator[None]:
             gc.set_threshold(young, *older)
 
 
-def _env_factory(env: str | EnvFactory, env_kwargs: Mapping[str, Any]) -> EnvFactory:
+def _env_factory(
+    env: str | EnvFactory, env_kwargs: Mapping[str, Any], builder: TokenBuilder
+) -> EnvFactory:
     if isinstance(env, str):
         env_id = env
-        make(env_id, **env_kwargs)  # fail fast on an unknown id or bad kwargs, not per episode
+        # fail fast on an unknown id, bad kwargs or a builder made for another env
+        _check_tools(builder, make(env_id, **env_kwargs).tool_schemas, env_id)
         return lambda: make(env_id, **env_kwargs)
     if env_kwargs:
         raise ConfigError("env_kwargs apply only to a registered env id, not to a factory")

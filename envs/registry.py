@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,7 +62,18 @@ def register(
 
 
 def spec(id: str) -> EnvSpec:
-    """The registered spec of ``id``; an unknown id gets a did-you-mean error."""
+    """The registered spec of ``id``; an unknown id gets a did-you-mean error. As in
+    gymnasium, ``"module:namespace/Name-v0"`` first imports ``module`` (which registers the env),
+    so a user's own env works wherever an id is given: ``agentloop eval --env``, ``data.env``."""
+    if ":" in id:
+        module, _, id = id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EnvError(
+                f"env '{module}:{id}': cannot import module {module!r} ({exc}); it must be "
+                "importable (on PYTHONPATH, or the current directory) and register the env"
+            ) from exc
     try:
         return _REGISTRY[id]
     except KeyError:
@@ -74,13 +86,28 @@ def spec(id: str) -> EnvSpec:
 def make(id: str, **kwargs: Any) -> Env:
     """A new instance of env ``id``; keyword arguments override the registered defaults."""
     env_spec = spec(id)
+    id = env_spec.id
     factory = env_spec.load()
     try:
         env = factory(**{**env_spec.kwargs, **kwargs})
     except TypeError as exc:
-        raise EnvError(f"env {id!r}: bad arguments {sorted(kwargs)}: {exc}") from exc
+        valid = _valid(factory, kwargs)
+        raise EnvError(f"env {id!r}: bad arguments {sorted(kwargs)}: {exc}{valid}") from exc
     env.env_id = id
     return env
+
+
+def _valid(factory: Callable[..., Env], kwargs: Mapping[str, Any]) -> str:
+    """The keyword arguments ``factory`` takes, with a did-you-mean for each unknown one."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to list
+        return ""
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""  # it takes any keyword: the TypeError came from inside
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    hints = "".join(did_you_mean(k, names) for k in kwargs if k not in names)
+    return f".{hints} Valid arguments: {names}"
 
 
 def registered() -> list[str]:

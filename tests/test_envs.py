@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -46,8 +49,24 @@ def test_registry_did_you_mean() -> None:
 
 def test_make_passes_kwargs_and_names_bad_ones() -> None:
     assert envs.make("agentloop/Calc-v0", digits=4).digits == 4  # type: ignore[attr-defined]
-    with pytest.raises(EnvError, match="bad arguments"):
+    with pytest.raises(EnvError, match=r"bad arguments.*Valid arguments: \['digits', 'max_turns'"):
         envs.make("agentloop/Calc-v0", colour="red")
+    with pytest.raises(EnvError, match=r"'digit'.*Did you mean 'digits'\? Valid arguments"):
+        envs.make("agentloop/Calc-v0", digit=2)
+
+
+def test_module_colon_id_imports_the_module_that_registers_the_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_calc_envs.py").write_text(
+        "from agentloop.envs import CalcEnv, register\n"
+        "register('me/MyCalc-v0', CalcEnv, kwargs={'digits': 3})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = envs.make("my_calc_envs:me/MyCalc-v0")
+    assert (env.env_id, env.digits) == ("me/MyCalc-v0", 3)  # type: ignore[attr-defined]
+    with pytest.raises(EnvError, match=r"cannot import module 'no_such_mod'.*PYTHONPATH"):
+        envs.make("no_such_mod:me/MyCalc-v0")
 
 
 def test_calc_tasks_are_deterministic_and_splits_differ() -> None:
@@ -125,3 +144,16 @@ def test_step_result_carries_tool_results_and_metrics_as_fields() -> None:
         await env.close()
 
     asyncio.run(go())
+
+
+def test_gymnasium_make_in_a_fresh_interpreter_with_the_module_prefix() -> None:
+    """gymnasium >= 1.0 has no plugin entry points: an id needs its registering module imported
+    first, which gymnasium's own ``"module:id"`` form does (README documents both ways)."""
+    code = (
+        "import gymnasium\n"
+        "from gymnasium.utils.env_checker import check_env\n"
+        "check_env(gymnasium.make('agentloop.envs:agentloop/Calc-v0').unwrapped)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -267,3 +267,35 @@ def test_env_is_closed_on_every_exit_path(builder: TokenBuilder, tokenizer: Any)
 
     asyncio.run(run_and_cancel())
     assert closed == ["c"]
+
+
+def test_a_builder_made_for_another_env_is_an_error(tokenizer: Any) -> None:
+    """The tour's trap: ``make_builder(tok, "agentloop/Calc-v0")`` reused with another env would
+    prompt the model with Calc's python tool and hide the env's own."""
+    from agentloop.collect import make_builder
+    from agentloop.envs import register
+    from agentloop.errors import ConfigError
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        return key
+
+    register("test/Lookup-v0", lambda: ToolEnv([lookup], lambda t, m: 0.0), override=True)
+    builder = make_builder(tokenizer, "agentloop/Calc-v0")
+    task = Task("t0", {"prompt": "find x"})
+    with pytest.raises(
+        ConfigError,
+        match=r"shows the model the tools \['python'\], but env 'test/Lookup-v0' has \['lookup'\]"
+        r"; build one for this env: make_builder\(tokenizer, 'test/Lookup-v0'\)",
+    ):
+        asyncio.run(collect([task], "test/Lookup-v0", FakeEngine(["hi"]), builder,
+                            config=RolloutConfig()))  # fmt: skip
+    right = make_builder(tokenizer, "test/Lookup-v0")
+    engine = FakeEngine(["done"], tokenizer=tokenizer)
+    [group] = asyncio.run(collect([task], "test/Lookup-v0", engine, right, config=RolloutConfig()))
+    assert group.trajectories[0].stop_reason is StopReason.DONE
