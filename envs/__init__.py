@@ -14,17 +14,22 @@ from agentloop.envs.rewards import (
     normalize_answer,
 )
 from agentloop.envs.tool_env import ToolEnv
+from agentloop.envs.user_sim import EngineUser, ScriptedUser, UserSimEnv, UserSimulator
 
 __all__ = [
     "AnswerHook",
     "CalcEnv",
+    "EngineUser",
     "Env",
     "EnvSpec",
     "GymnasiumEnv",
     "Reward",
     "RewardFn",
+    "ScriptedUser",
     "StepResult",
     "ToolEnv",
+    "UserSimEnv",
+    "UserSimulator",
     "calc_reward",
     "exact_match",
     "extract_boxed",
@@ -42,6 +47,12 @@ register(
     "agentloop/Calc-v0",
     CalcEnv,
     description="Multi-digit arithmetic word problems; sandboxed python tool; boxed-answer reward.",
+)
+register(
+    "agentloop/CalcUser-v0",
+    "agentloop.envs.user_sim:calc_user_env",
+    description="Calc-v0 behind a simulated user who gives the question only when asked; user "
+    "turns are observations (masked).",
 )
 # By "module:attr": their tools (search index, pillow) load only when the env is made.
 register(

@@ -29,8 +29,9 @@ PUBLIC = {
         "register_parser", "tool", "truncate_to_tokens",
     },
     "agentloop.envs": {
-        "AnswerHook", "CalcEnv", "Env", "EnvSpec", "GymnasiumEnv", "Reward", "RewardFn",
-        "StepResult", "ToolEnv", "calc_reward", "exact_match", "extract_boxed", "f1_score",
+        "AnswerHook", "CalcEnv", "EngineUser", "Env", "EnvSpec", "GymnasiumEnv", "Reward",
+        "RewardFn", "ScriptedUser", "StepResult", "ToolEnv", "UserSimEnv", "UserSimulator",
+        "calc_reward", "exact_match", "extract_boxed", "f1_score",
         "make", "make_calc_task", "math_equal", "normalize_answer", "register", "registered",
         "spec",
     },
