@@ -16,7 +16,7 @@ from agentloop.errors import ConfigError, SandboxError
 from .base import ExecResult, SandboxLimits, pid_alive
 from .bwrap import sandbox_env
 from .pool import KernelSandbox
-from .protocol import KERNEL_SOURCE, SectionBuffer, StreamKernel, new_sentinel
+from .protocol import KERNEL_SOURCE, SectionBuffer, SectionMarks, StreamKernel, new_key
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -103,12 +103,12 @@ class DockerKernel(StreamKernel):
     host's memory stays bounded whatever the container writes, during a run or after it.
     """
 
-    def __init__(self, client: Any, cid: str, sock: Any, sentinel: str, cap: int) -> None:
+    def __init__(self, client: Any, cid: str, sock: Any, key: str, cap: int) -> None:
         self._loop = asyncio.get_running_loop()
-        mark = sentinel.encode()
-        stdout = SectionBuffer(mark, cap)
-        stderr = SectionBuffer(mark, cap, status_line=True)
-        super().__init__(stdout, stderr, cap)
+        marks = SectionMarks(key)
+        stdout = SectionBuffer(marks, cap)
+        stderr = SectionBuffer(marks, cap, status_line=True)
+        super().__init__(stdout, stderr, cap, key)
         self.client = client
         self.id = cid
         self._io = sock
@@ -225,7 +225,7 @@ class DockerSandbox(KernelSandbox):
                 "with python3>"
             ) from None
 
-    def _create(self, sentinel: str) -> tuple[str, Any]:
+    def _create(self) -> tuple[str, Any]:
         from docker.types import Mount
 
         lim = self.limits
@@ -248,7 +248,7 @@ class DockerSandbox(KernelSandbox):
         rlimits = json.dumps({"core": 0, "fsize": lim.max_file_mb << 20})
         cid = self.client.api.create_container(
             self.image,
-            [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "isolated", rlimits],
+            [self.python, "-u", "-c", KERNEL_SOURCE, "isolated", rlimits],
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so our disconnect stops the kernel
             user="65534:65534",
@@ -269,8 +269,8 @@ class DockerSandbox(KernelSandbox):
         return cid, sock
 
     async def _spawn_kernel(self) -> DockerKernel:
-        sentinel = new_sentinel()
-        made = asyncio.ensure_future(asyncio.to_thread(self._create, sentinel))
+        key = new_key()
+        made = asyncio.ensure_future(asyncio.to_thread(self._create))
         try:
             cid, sock = await asyncio.shield(made)
         except asyncio.CancelledError:
@@ -282,7 +282,7 @@ class DockerSandbox(KernelSandbox):
             raise SandboxError(
                 f"could not start a sandbox container from {self.image}: {exc}"
             ) from None
-        kernel = DockerKernel(self.client, cid, sock, sentinel, self.limits.max_output_bytes)
+        kernel = DockerKernel(self.client, cid, sock, key, self.limits.max_output_bytes)
         await kernel.handshake(_START_TIMEOUT_S)  # closes the kernel if it does not start
         return kernel
 

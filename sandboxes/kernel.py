@@ -1,36 +1,54 @@
-"""In-sandbox kernel: a supervisor that keeps a forked Python worker serving framed runs.
+"""In-sandbox kernel: a supervisor that ends each run from outside the worker running the code.
 
-This file runs *inside* the sandbox (``python3 -u -c <this source> SENTINEL MODE LIMITS``) and
-uses only the standard library. Protocol, over the process's own stdin/stdout/stderr:
+This file runs *inside* the sandbox (``python3 -u -c <this source> MODE LIMITS``) and uses only
+the standard library. Protocol, over the process's own stdin/stdout/stderr:
 
-* host -> kernel, stdin: 4-byte big-endian length + JSON ``{"seq", "code", "stdin", "files",
-  "cpu_s"}`` (files are base64).
-* kernel -> host: the run's output on stdout/stderr, then SENTINEL on stdout and
-  SENTINEL + one JSON line (``seq``, ``exit_code``, ``oom``, ``cpu``, ``died``, ``duration``)
-  on stderr. The first worker announces itself with a ``{"seq": 0, "ready": true}`` section.
+* host -> kernel, stdin: first the 32-character section key, then per run a 12-byte header
+  (big-endian length, seq) + JSON ``{"code", "stdin", "files", "cpu_s"}`` (files are base64).
+* kernel -> host: the run's output on stdout/stderr; each section ends with MARK(n) on stdout
+  and MARK(n) + one JSON line (``seq``, ``exit_code``, ``oom``, ``cpu``, ``died``,
+  ``duration``) on stderr, where MARK(n) is derived from the key and the section's number
+  (0: the first worker's ``{"seq": 0, "ready": true}``).
 
-The worker owns the interpreter state; if it dies (OOM killer, ``os._exit``, CPU limit) the
-supervisor reports the death for the in-flight run and forks a fresh worker. After every run,
-processes the code left behind are killed (``MODE=isolated``: everything in the sandbox's own pid
-namespace but its init and the supervisor; ``MODE=shared``: the process group), so nothing
-outlives a run.
+Two processes, so that the code cannot end its run on its own terms. The *supervisor* holds the
+key and writes every mark; it is not dumpable, so code of the same uid can neither read its
+memory nor open its file descriptors. The *worker* is a fresh interpreter (exec'd: it never saw
+the key) that runs the code and keeps the session's state; it tells the supervisor a run is
+done over a private pipe. The supervisor then stops the worker (SIGSTOP: none of its threads
+runs between runs), kills every other process the run left (``MODE=isolated``: everything in
+the sandbox's own pid namespace but its init, the supervisor and the worker; ``MODE=shared``:
+the process group), and only then writes the marks. So code can end its own run early (as it
+could by returning), but cannot forge the end of a run, keep running after it, or leave
+processes behind; the host's deadline kills the whole sandbox from outside. If the worker dies
+(OOM killer, ``os._exit``, CPU limit) the supervisor reports the death for the in-flight run
+and starts a fresh worker.
 """
 
 import base64
 import contextlib
+import hashlib
+import hmac
 import json
-import mmap
 import os
 import resource
+import select
 import signal
 import struct
 import sys
 import time
 import traceback
 
-__all__ = ["kill_strays", "main", "supervise", "worker"]
+__all__ = ["kill_strays", "main", "mark", "supervise", "worker"]
 
-_STATE = struct.Struct("=qb")  # in-flight seq, worker saw EOF
+KEY_LEN = 32
+_HEADER = struct.Struct(">Iq")  # body length, seq
+_MAX_DONE = 1 << 12  # the worker's done line
+
+
+def mark(key, n):
+    """The mark that ends section ``n``: unforgeable without ``key`` (hex text)."""
+    digest = hmac.new(key.encode(), str(n).encode(), hashlib.sha256).hexdigest()
+    return ("\x1eagentloop-" + digest[:24] + "\x1e").encode()
 
 
 def _write_all(fd, data):
@@ -42,7 +60,7 @@ def _write_all(fd, data):
 def _read_exact(fd, n):
     chunks = []
     while n:
-        chunk = os.read(fd, n)
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             return None
         chunks.append(chunk)
@@ -55,10 +73,6 @@ def _apply_limits(limits):
         if value is not None:
             res = getattr(resource, "RLIMIT_" + name.upper())
             resource.setrlimit(res, (int(value), int(value)))
-
-
-def _proc_pids():
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
 def _stat(pid):
@@ -75,7 +89,7 @@ def _strays(mode, keep):
     or this process group's (shared)."""
     pgid = os.getpgrp()
     out = []
-    for pid in _proc_pids():
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         if pid in keep:
             continue
         state, group = _stat(pid)
@@ -95,7 +109,8 @@ def _reap():
 
 
 def kill_strays(mode, keep):
-    """Kill every process the run left behind, then wait (bounded) until they are gone."""
+    """Kill every process the run left behind, then wait (bounded) until they are gone (their
+    zombies are reaped by their parents: the worker at its next run, or the sandbox's init)."""
     deadline = time.monotonic() + 2.0
     while True:
         pids = _strays(mode, keep)
@@ -104,13 +119,27 @@ def kill_strays(mode, keep):
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        _reap()
         time.sleep(0.001)
 
 
-def _section(sentinel, info):
-    _write_all(1, sentinel)
-    _write_all(2, sentinel + json.dumps(info).encode() + b"\n")
+def _stopped(pid):
+    """Whether every thread of ``pid`` is stopped (or the process is gone)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    return all(_stat(f"{pid}/task/{t}")[0] in (b"T", b"t", b"Z", b"X") for t in tasks)
+
+
+def _stop(pid):
+    deadline = time.monotonic() + 2.0
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGSTOP)
+    while not _stopped(pid) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+# ---- the worker: runs the code, owns the interpreter state -------------------------------
 
 
 def _exit_status(exc):
@@ -175,69 +204,171 @@ def _execute(req, namespace, streams):
     return exit_code, oom
 
 
-def worker(cmd_fd, sentinel, mode, state):
-    """Serve runs until the host closes stdin; the interpreter state lives here."""
+def worker(cmd_fd, done_fd):
+    """Serve runs until the supervisor closes the command pipe; the interpreter state lives
+    here. Each run's end is one JSON line on ``done_fd``."""
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")  # the OOM killer takes the worker, not the supervisor
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     streams = (sys.stdout, sys.stderr)
-    keep = {os.getpid(), os.getppid(), 1}
-    _section(sentinel, {"seq": 0, "ready": True})
+    _write_all(done_fd, b'{"ready": true}\n')
     while True:
-        header = _read_exact(cmd_fd, 4)
-        body = header and _read_exact(cmd_fd, struct.unpack(">I", header)[0])
+        header = _read_exact(cmd_fd, _HEADER.size)
+        body = header and _read_exact(cmd_fd, _HEADER.unpack(header)[0])
         if not body:
-            state[:] = _STATE.pack(0, 1)
             os._exit(0)
-        req = json.loads(body)
-        state[:] = _STATE.pack(req["seq"], 0)
+        _reap()  # what the last run left was killed by the supervisor: its zombies go
         start = time.perf_counter()
-        exit_code, oom = _execute(req, namespace, streams)
-        duration = time.perf_counter() - start
-        kill_strays(mode, keep)
-        info = {"seq": req["seq"], "exit_code": exit_code, "oom": oom, "duration": duration}
-        _section(sentinel, info)
-        state[:] = _STATE.pack(0, 0)
+        exit_code, oom = _execute(json.loads(body), namespace, streams)
+        info = {"exit_code": exit_code, "oom": oom, "duration": time.perf_counter() - start}
+        _write_all(done_fd, json.dumps(info).encode() + b"\n")
 
 
-def supervise(cmd_fd, sentinel, mode):
-    """Fork workers forever; report a worker's death for the run it was serving."""
-    state = mmap.mmap(-1, _STATE.size)
-    while True:
-        state[:] = _STATE.pack(0, 0)
-        pid = os.fork()
-        if pid == 0:
+# ---- the supervisor: holds the key, ends runs, reports -----------------------------------
+
+
+class _Worker:
+    """A worker process and the supervisor's ends of its pipes."""
+
+    def __init__(self, source, mode):
+        cmd_r, self.cmd_w = os.pipe()
+        self.done_r, done_w = os.pipe()
+        os.set_inheritable(cmd_r, True)
+        os.set_inheritable(done_w, True)
+        argv = [sys.executable, "-u", "-c", source, "worker", str(cmd_r), str(done_w)]
+        self.pid = os.fork()
+        if self.pid == 0:
             try:
-                worker(cmd_fd, sentinel, mode, state)
+                os.execv(sys.executable, argv)
             finally:
                 os._exit(70)
-        start = time.perf_counter()
+        os.close(cmd_r)
+        os.close(done_w)
+        self.pidfd = os.pidfd_open(self.pid)
+        self.started = time.perf_counter()
+
+    def wait_done(self):
+        """The worker's done line as a dict, or None if it died (or sent nonsense)."""
+        line = b""
         while True:
-            dead, status = os.waitpid(-1, 0)
-            if dead == pid:
+            ready, _, _ = select.select([self.done_r, self.pidfd], [], [])
+            if self.done_r not in ready:
+                return None
+            chunk = os.read(self.done_r, _MAX_DONE)
+            if not chunk:
+                return None
+            line += chunk
+            if b"\n" in line or len(line) > _MAX_DONE:
                 break
-        seq, eof = _STATE.unpack(state[:])
-        if eof:
-            return
+        try:
+            info = json.loads(line.partition(b"\n")[0])
+        except ValueError:
+            info = None
+        return info if isinstance(info, dict) else None
+
+    def status(self):
+        """Kill (if still alive) and reap the worker; its shell-style status."""
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        _, status = os.waitpid(self.pid, 0)
+        for fd in (self.cmd_w, self.done_r, self.pidfd):
+            os.close(fd)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-        code = 128 + sig if sig else os.WEXITSTATUS(status)
-        kill_strays(mode, {os.getpid(), 1})
-        info = {
-            "seq": seq,
-            "exit_code": code,
-            "oom": sig == signal.SIGKILL,
-            "cpu": sig == signal.SIGXCPU,
-            "died": True,
-            "duration": time.perf_counter() - start,
-        }
-        _section(sentinel, info)
+        return sig, 128 + sig if sig else os.WEXITSTATUS(status)
+
+
+class _Supervisor:
+    def __init__(self, cmd_fd, key, mode, source):
+        self.cmd_fd, self.key, self.mode, self.source = cmd_fd, key, mode, source
+        self.sections = 0
+
+    def end_section(self, worker, info):
+        """Stop the worker, kill every other process, then write the marks of ``info``."""
+        keep = {1, os.getpid()}
+        if worker is not None:
+            keep.add(worker.pid)
+            _stop(worker.pid)
+        kill_strays(self.mode, keep)
+        if worker is not None:
+            _stop(worker.pid)  # a stray may have sent it SIGCONT before it died
+        m = mark(self.key, self.sections)
+        self.sections += 1
+        _write_all(1, m)
+        _write_all(2, m + json.dumps(info).encode() + b"\n")
+
+    def died(self, worker, seq):
+        sig, code = worker.status()
+        info = {"seq": seq, "exit_code": code, "oom": sig == signal.SIGKILL}
+        info.update(cpu=sig == signal.SIGXCPU, died=True)
+        info["duration"] = time.perf_counter() - worker.started
+        self.end_section(None, info)
+
+    def serve(self):
+        """Start workers forever; run the host's requests on them; return at the host's EOF."""
+        while True:
+            worker = _Worker(self.source, self.mode)
+            if worker.wait_done() is None:
+                self.died(worker, 0)
+                continue
+            self.end_section(worker, {"seq": 0, "ready": True})
+            if not self.serve_worker(worker):
+                worker.status()
+                kill_strays(self.mode, {1, os.getpid()})
+                return
+
+    def serve_worker(self, worker):
+        """Runs on ``worker`` until it dies (True) or the host hangs up (False)."""
+        while True:
+            ready, _, _ = select.select([self.cmd_fd, worker.pidfd], [], [])
+            if self.cmd_fd not in ready:
+                self.died(worker, 0)  # between runs
+                return True
+            header = _read_exact(self.cmd_fd, _HEADER.size)
+            body = header and _read_exact(self.cmd_fd, _HEADER.unpack(header)[0])
+            if not body:
+                return False
+            seq = _HEADER.unpack(header)[1]
+            worker.started = time.perf_counter()
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid, signal.SIGCONT)
+            try:
+                _write_all(worker.cmd_w, header + body)
+                info = worker.wait_done()
+            except OSError:  # the worker died while reading its request
+                info = None
+            if info is None:
+                self.died(worker, seq)
+                return True
+            result = {"seq": seq, "exit_code": info.get("exit_code"), "oom": info.get("oom")}
+            result["duration"] = info.get("duration")
+            if not isinstance(result["exit_code"], int):
+                result["exit_code"] = 1
+            self.end_section(worker, result)
+
+
+def _undumpable():
+    """Same-uid code may not read this process's memory or open its fds through /proc."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+
+
+def supervise(cmd_fd, key, mode, source):
+    """Serve the host's runs until it closes stdin."""
+    _Supervisor(cmd_fd, key, mode, source).serve()
 
 
 def main():
-    sentinel = sys.argv[1].encode()
-    mode = sys.argv[2]
-    _apply_limits(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
-    cmd_fd = os.dup(0)  # not inheritable: user code never sees the command channel
+    if sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]))
+        return
+    mode = sys.argv[1]
+    with open("/proc/self/cmdline", "rb") as f:
+        source = f.read().split(b"\0")[3].decode()  # python3 -u -c SOURCE ...
+    _apply_limits(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+    _undumpable()
+    cmd_fd = os.dup(0)  # not inheritable: the worker never sees the host's channel
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -247,7 +378,10 @@ def main():
         sys.exit(2)
     if mode == "shared" and os.getpid() != os.getpgrp():
         os.setpgid(0, 0)
-    supervise(cmd_fd, sentinel, mode)
+    key = _read_exact(cmd_fd, KEY_LEN)
+    if key is None:
+        return
+    supervise(cmd_fd, key.decode("ascii"), mode, source)
 
 
 if __name__ == "__main__":

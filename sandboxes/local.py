@@ -19,7 +19,7 @@ from .cgroups import CgroupRoot, detect_cgroups, reap_stale_cgroups
 from .launcher import Launcher
 from .pool import KernelSandbox
 from .process import ProcessKernel, collect_process
-from .protocol import KERNEL_SOURCE, new_sentinel
+from .protocol import KERNEL_SOURCE, new_key
 from .slots import SlotPool
 
 __all__ = ["LocalSandbox"]
@@ -138,9 +138,9 @@ class LocalSandbox(KernelSandbox):
         """A kernel on a launcher slot that it holds while it lives."""
         slots = self._slots
         assert slots is not None
-        sentinel = new_sentinel()
+        key = new_key()
         rlimits = json.dumps(self._rlimits())
-        command = [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "isolated", rlimits]
+        command = [self.python, "-u", "-c", KERNEL_SOURCE, "isolated", rlimits]
         slot = await slots.take(bounded=False)
         try:
             env = sandbox_env(self.limits)
@@ -154,7 +154,7 @@ class LocalSandbox(KernelSandbox):
 
         kernel = ProcessKernel(
             proc,
-            sentinel,
+            key,
             self.limits.max_output_bytes,
             kill=proc.kill,
             cgroup=slot.cgroup,

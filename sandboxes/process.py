@@ -13,7 +13,7 @@ from agentloop.errors import SandboxError
 
 from .base import ExecResult
 from .cgroups import Cgroup
-from .protocol import Capture, SectionReader, StreamKernel
+from .protocol import Capture, SectionMarks, SectionReader, StreamKernel
 
 __all__ = ["ProcessKernel", "collect_process", "exit_status"]
 
@@ -38,7 +38,7 @@ class ProcessKernel(StreamKernel):
     def __init__(
         self,
         proc: Any,
-        sentinel: str,
+        key: str,
         max_output_bytes: int,
         *,
         kill: Callable[[], None],
@@ -46,9 +46,9 @@ class ProcessKernel(StreamKernel):
         on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        mark = sentinel.encode()
-        stdout, stderr = SectionReader(proc.stdout, mark), SectionReader(proc.stderr, mark)
-        super().__init__(stdout, stderr, max_output_bytes)
+        marks = SectionMarks(key)
+        stdout, stderr = SectionReader(proc.stdout, marks), SectionReader(proc.stderr, marks)
+        super().__init__(stdout, stderr, max_output_bytes, key)
         self.proc = proc
         self.cgroup = cgroup
         self._kill = kill

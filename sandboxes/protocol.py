@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import hmac
 import json
 import secrets
 import struct
@@ -20,24 +22,42 @@ __all__ = [
     "KERNEL_SOURCE",
     "Capture",
     "SectionBuffer",
+    "SectionMarks",
     "SectionReader",
     "Sections",
     "StreamKernel",
     "killed_notice",
-    "new_sentinel",
+    "new_key",
 ]
 
-#: The in-sandbox kernel, shipped as ``python3 -u -c KERNEL_SOURCE ...`` (no file to bind-mount).
+#: The in-sandbox kernel, shipped as ``python3 -u -c KERNEL_SOURCE MODE LIMITS`` (no file to
+#: bind-mount).
 KERNEL_SOURCE = (Path(__file__).parent / "kernel.py").read_text()
+_HEADER = struct.Struct(">Iq")  # a request's body length and seq (kernel.py's _HEADER)
 
 _CHUNK = 1 << 16
 _MAX_SECTIONS = 4  # stale sections (a death between runs, a restarted worker) are skipped
 _MAX_LINE = 1 << 16  # a status line longer than this is cut (and then fails to parse)
 
 
-def new_sentinel() -> str:
-    """A per-kernel marker that ends each output section (no NUL: it travels in argv)."""
-    return f"\x1eagentloop-{secrets.token_hex(12)}\x1e"
+def new_key() -> str:
+    """A per-kernel secret (32 hex characters) from which the kernel's section marks derive;
+    it travels on the kernel's stdin, never in its argv or environment."""
+    return secrets.token_hex(16)
+
+
+class SectionMarks:
+    """The marks that end a kernel's output sections: mark ``n`` is an HMAC of ``n`` under the
+    kernel's key (kernel.py's ``mark``), so code in the sandbox, which never holds the key, cannot
+    write one; each mark is used once."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.size = len(self(0))
+
+    def __call__(self, n: int) -> bytes:
+        digest = hmac.new(self.key.encode(), str(n).encode(), hashlib.sha256).hexdigest()
+        return ("\x1eagentloop-" + digest[:24] + "\x1e").encode()
 
 
 def killed_notice(reason: str) -> str:
@@ -91,20 +111,22 @@ class SectionReader:
     """Sections pulled from a pipe as they are read: bytes after a sentinel wait for the next
     read, and what nobody reads stays in the pipe (the writer blocks: bounded backpressure)."""
 
-    def __init__(self, reader: asyncio.StreamReader, sentinel: bytes) -> None:
+    def __init__(self, reader: asyncio.StreamReader, marks: SectionMarks) -> None:
         self.reader = reader
-        self._sentinel = sentinel
+        self._marks = marks
+        self._n = 0  # the section being read
         self._pending = b""
 
     async def section(self, sink: Capture) -> bool:
         buf, self._pending = self._pending, b""
-        sentinel = self._sentinel
+        sentinel = self._marks(self._n)
         keep_max = len(sentinel) - 1
         while True:
             idx = buf.find(sentinel)
             if idx >= 0:
                 sink.add(buf[:idx])
                 self._pending = buf[idx + len(sentinel) :]
+                self._n += 1
                 return True
             keep = min(len(buf), keep_max)  # a sentinel may straddle two chunks
             sink.add(buf[: len(buf) - keep])
@@ -137,8 +159,10 @@ class SectionBuffer:
     ends (the kernel's stderr).
     """
 
-    def __init__(self, sentinel: bytes, cap: int, *, status_line: bool = False) -> None:
-        self._sentinel, self._cap, self._status_line = sentinel, cap, status_line
+    def __init__(self, marks: SectionMarks, cap: int, *, status_line: bool = False) -> None:
+        self._marks, self._cap, self._status_line = marks, cap, status_line
+        self._n = 0  # the section being fed
+        self._sentinel = marks(0)
         self._current = Capture(cap)
         self._tail = b""  # the last bytes fed, which may be the start of a sentinel
         self._line: bytearray | None = None  # the status line being read
@@ -166,6 +190,8 @@ class SectionBuffer:
                 return
             self._current.add(buf[:idx])
             buf = buf[idx + len(self._sentinel) :]
+            self._n += 1
+            self._sentinel = self._marks(self._n)
             if self._status_line:
                 self._line = bytearray()
             else:
@@ -205,7 +231,8 @@ class StreamKernel:
     optionally :meth:`oom_events` (a host-side OOM-kill counter, e.g. a memory cgroup's).
     """
 
-    def __init__(self, stdout: Sections, stderr: Sections, max_output_bytes: int) -> None:
+    def __init__(self, stdout: Sections, stderr: Sections, max_output_bytes: int, key: str) -> None:
+        self._key = key
         self._out = stdout
         self._err = stderr
         self._cap = max_output_bytes
@@ -246,6 +273,7 @@ class StreamKernel:
         """Wait for the kernel's ready section. If it does not come (or the wait is cancelled),
         close the kernel; raise SandboxError with its output."""
         try:
+            await self._send(self._key.encode())
             await self._ready(timeout_s)
         except BaseException:
             await asyncio.shield(self.close())
@@ -279,7 +307,6 @@ class StreamKernel:
         self._seq += 1
         body = json.dumps(
             {
-                "seq": self._seq,
                 "code": code,
                 "stdin": stdin,
                 "files": encode_files(files),
@@ -292,7 +319,7 @@ class StreamKernel:
         notes: list[str] = []
         try:
             async with asyncio.timeout(timeout_s):
-                await self._send(struct.pack(">I", len(body)) + body)
+                await self._send(_HEADER.pack(len(body), self._seq) + body)
                 info = await self._wait_for_run(out, err, notes)
         except TimeoutError:
             self.alive = False

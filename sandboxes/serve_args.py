@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import os
+import sys
 from typing import Any
 
-__all__ = ["backend_kwargs_from_args", "build_parser"]
+from agentloop.errors import ConfigError
+
+__all__ = [
+    "TOKEN_ENV",
+    "backend_kwargs_from_args",
+    "build_parser",
+    "is_loopback",
+    "read_tokens",
+    "warn_open",
+]
+
+#: The environment variable holding the server's token (one, or several separated by commas).
+TOKEN_ENV = "AGENTLOOP_SANDBOX_TOKEN"
 
 
 def build_parser(parser: Any = None) -> Any:
     """The ``serve-sandbox`` arguments (pass an argparse sub-parser to extend it)."""
     import argparse
-    import os
 
     p = parser or argparse.ArgumentParser(
         prog="agentloop serve-sandbox", description="Serve a sandbox backend over HTTP."
@@ -20,12 +35,24 @@ def build_parser(parser: Any = None) -> Any:
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 2)
     p.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429")
-    p.add_argument("--token", default=os.environ.get("AGENTLOOP_SANDBOX_TOKEN"))
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help=f"file with the auth token(s), one per line: one per client (else ${TOKEN_ENV})",
+    )
+    p.add_argument("--token", default=None, help=argparse.SUPPRESS)  # refused: visible in ps
     p.add_argument("--pool-size", type=int, default=None, help="pre-warmed interpreters")
-    p.add_argument("--timeout-s", type=float, default=30.0, help="default per-run wall clock")
-    p.add_argument("--memory-mb", type=int, default=1024)
+    p.add_argument(
+        "--timeout-s", type=float, default=30.0, help="per-run wall clock: default and ceiling"
+    )
+    p.add_argument("--cpu-time-s", type=float, default=None, help="per-run CPU time ceiling")
+    p.add_argument("--memory-mb", type=int, default=1024, help="per-sandbox memory ceiling")
     p.add_argument("--max-processes", type=int, default=64)
+    p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="per stream, per run")
+    p.add_argument("--disk-mb", type=int, default=256, help="size of /sandbox and of /tmp")
     p.add_argument("--session-ttl-s", type=float, default=600.0, help="idle session lifetime")
+    p.add_argument("--max-sessions", type=int, default=256, help="open sessions, all clients")
+    p.add_argument("--max-sessions-per-client", type=int, default=32, help="per token/peer")
     p.add_argument("--max-request-mb", type=int, default=16)
     p.add_argument("--docker-url", default=None, help="Docker/podman engine URL (docker backend)")
     p.add_argument("--image", default=None, help="container image (docker backend)")
@@ -43,7 +70,12 @@ def backend_kwargs_from_args(args: Any) -> dict[str, Any]:
 
     kw: dict[str, Any] = {
         "limits": SandboxLimits(
-            timeout_s=args.timeout_s, memory_mb=args.memory_mb, max_processes=args.max_processes
+            timeout_s=args.timeout_s,
+            cpu_time_s=args.cpu_time_s,
+            memory_mb=args.memory_mb,
+            max_processes=args.max_processes,
+            max_output_bytes=args.max_output_bytes,
+            disk_mb=args.disk_mb,
         )
     }
     if args.pool_size is not None:
@@ -53,3 +85,44 @@ def backend_kwargs_from_args(args: Any) -> dict[str, Any]:
     if args.backend == "subprocess_unsafe":
         kw["acknowledge_unsafe"] = args.acknowledge_unsafe
     return kw
+
+
+def read_tokens(args: Any) -> list[str]:
+    """The server's tokens: from ``--token-file`` (one per line) or ``$AGENTLOOP_SANDBOX_TOKEN``
+    (comma-separated); never from the command line, where ``ps`` shows it to every user."""
+    if args.token is not None:
+        raise ConfigError(
+            "--token puts the token on the command line, where `ps` shows it to every user of "
+            f"this machine; put it in a file (--token-file PATH) or in ${TOKEN_ENV}"
+        )
+    if args.token_file is not None:
+        try:
+            with open(args.token_file) as f:
+                tokens = [line.strip() for line in f if line.strip()]
+        except OSError as exc:
+            raise ConfigError(f"--token-file {args.token_file!r} cannot be read: {exc}") from None
+        if not tokens:
+            raise ConfigError(f"--token-file {args.token_file!r} holds no token (one per line)")
+        return tokens
+    return [t.strip() for t in os.environ.get(TOKEN_ENV, "").split(",") if t.strip()]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address to bind) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_open(host: str) -> None:
+    """Say on stderr and in the log that a server on ``host`` is open to anyone."""
+    message = (
+        f"WARNING: the sandbox server listens on {host} with NO authentication: anyone who can "
+        "reach this port can run code on it. Set a token (--token-file PATH or "
+        "AGENTLOOP_SANDBOX_TOKEN) or bind to 127.0.0.1."
+    )
+    logging.getLogger("agentloop.sandboxes.server").warning(message)
+    print(message, file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +18,15 @@ from aiohttp import web
 from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, Sandbox, SandboxSession
-from .serve_args import backend_kwargs_from_args, build_parser
-from .wire import RunRequest, parse_run_request, sandboxfusion_request, sandboxfusion_response
+from .serve_args import backend_kwargs_from_args, build_parser, is_loopback, read_tokens, warn_open
+from .wire import (
+    RunRequest,
+    fetch_code,
+    parse_fetched,
+    parse_run_request,
+    sandboxfusion_request,
+    sandboxfusion_response,
+)
 
 __all__ = [
     "SandboxServer",
@@ -32,6 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CLIENT = web.RequestKey("client", str)  # who sent the request (see SandboxServer._client)
 _RUN_GRACE_S = 30.0  # on top of the run's own timeout, for the backend's own bookkeeping
 
 
@@ -74,6 +82,7 @@ class _Session:
     cm: AbstractAsyncContextManager[SandboxSession]
     session: SandboxSession
     last_used: float
+    owner: str
     busy: int = 0
 
 
@@ -82,10 +91,14 @@ class SandboxServer:
 
     ``GET /health`` (no auth); ``POST /v1/run``; ``POST /v1/sessions``;
     ``POST /v1/sessions/{id}/run``; ``DELETE /v1/sessions/{id}``; ``POST /run_code``
-    (SandboxFusion). With ``token`` set every other endpoint needs ``Authorization: Bearer
-    <token>``; SandboxFusion clients, which send no header, can put it in the URL instead:
-    ``http://host:port/auth/<token>/run_code``. Sessions live on this server only (ids carry a
-    per-process prefix) and close after ``session_ttl_s`` idle.
+    (SandboxFusion). With ``token`` set (one, or several: one per client) every other endpoint
+    needs ``Authorization: Bearer <token>``; SandboxFusion clients, which send no header, can put
+    it in the URL instead: ``http://host:port/auth/<token>/run_code``. Sessions live on this
+    server only (ids carry a per-process prefix), belong to the client (token; without auth, the
+    peer address) that opened them — another client gets 404 — and close after
+    ``session_ttl_s`` idle. The backend's limits are ceilings: a request's ``timeout_s`` may be
+    lower, a higher one is cut to ``sandbox.limits.timeout_s``; at most ``max_sessions`` are open,
+    ``max_sessions_per_client`` per client.
     """
 
     def __init__(
@@ -94,19 +107,22 @@ class SandboxServer:
         *,
         max_concurrency: int = 8,
         max_queue: int | None = None,
-        token: str | None = None,
+        token: str | Sequence[str] | None = None,
         max_request_bytes: int = 16 << 20,
         session_ttl_s: float = 600.0,
         max_sessions: int = 256,
+        max_sessions_per_client: int = 32,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.sandbox = sandbox
         self.gate = _Gate(max_concurrency, 4 * max_concurrency if max_queue is None else max_queue)
-        self.token = token or None
+        tokens = [token] if isinstance(token, str) else list(token or ())
+        self.tokens = tuple(t.encode() for t in tokens if t)
         self.max_request_bytes = max_request_bytes
         self.session_ttl_s = session_ttl_s
         self.max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
         self.instance = secrets.token_hex(4)
         self.sessions: dict[str, _Session] = {}
         self.draining = False
@@ -128,19 +144,27 @@ class SandboxServer:
             ]
         )
 
-    def _authorized(self, request: web.Request) -> bool:
-        if self.token is None or request.path == "/health":
-            return True
+    def _client(self, request: web.Request) -> str | None:
+        """Who is asking: ``token<i>`` (the i-th token), the peer address without auth, or None
+        for a wrong or missing token."""
+        if not self.tokens or request.path == "/health":
+            return f"peer:{request.remote}"
         given = request.match_info.get("token") or ""
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer "):
             given = header[len("Bearer ") :]
-        return hmac.compare_digest(given.encode(), self.token.encode())
+        found = None
+        for i, token in enumerate(self.tokens):  # every token compared: no timing hint
+            if hmac.compare_digest(given.encode(), token):
+                found = f"token{i}"
+        return found
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not self._authorized(request):
+        client = self._client(request)
+        if client is None:
             return _error(401, "Unauthorized", "missing or wrong token (Authorization: Bearer T)")
+        request[_CLIENT] = client
         if self.draining and request.path != "/health":
             return _error(503, "Draining", "server is shutting down", **{"Retry-After": "1"})
         try:
@@ -173,16 +197,16 @@ class SandboxServer:
             }
         )
 
+    def _timeout(self, req: RunRequest) -> float:
+        """The run's wall clock: what it asked for, at most the server's limit (a ceiling)."""
+        ceiling = self.sandbox.limits.timeout_s
+        return ceiling if req.timeout_s is None else min(req.timeout_s, ceiling)
+
     async def _execute(self, target: Sandbox | SandboxSession, req: RunRequest) -> ExecResult:
-        limits = getattr(self.sandbox, "limits", None)
-        timeout = limits.run_timeout(req.timeout_s) if limits else (req.timeout_s or 60.0)
+        timeout = self._timeout(req)
         async with self.gate.slot(), asyncio.timeout(timeout + _RUN_GRACE_S):
             return await target.run(
-                req.code,
-                language=req.language,
-                timeout_s=req.timeout_s,
-                stdin=req.stdin,
-                files=req.files,
+                req.code, language=req.language, timeout_s=timeout, stdin=req.stdin, files=req.files
             )
 
     async def run(self, request: web.Request) -> web.Response:
@@ -190,29 +214,46 @@ class SandboxServer:
         return web.json_response((await self._execute(self.sandbox, req)).to_dict())
 
     async def run_code(self, request: web.Request) -> web.Response:
-        req = sandboxfusion_request(await self._body(request))
+        fusion = sandboxfusion_request(await self._body(request), self.sandbox.limits.memory_mb)
         try:
-            result = await self._execute(self.sandbox, req)
+            if not fusion.fetch_files:
+                return web.json_response(
+                    sandboxfusion_response(await self._execute(self.sandbox, fusion.run))
+                )
+            # the run and the read-back share one work dir: a session's
+            async with self.sandbox.session() as session:
+                result = await self._execute(session, fusion.run)
+                fetch = RunRequest(fetch_code(fusion.fetch_files))
+                files = parse_fetched(await self._execute(session, fetch))
+            return web.json_response(sandboxfusion_response(result, files))
         except (ConfigError, SandboxError) as exc:
             return web.json_response(
                 {"status": "SandboxError", "message": str(exc), "run_result": None, "files": {}}
             )
-        return web.json_response(sandboxfusion_response(result))
 
     async def open_session(self, request: web.Request) -> web.Response:
+        client = request[_CLIENT]
         if len(self.sessions) >= self.max_sessions:
             return _error(429, "Busy", f"{self.max_sessions} sessions open", **{"Retry-After": "1"})
+        mine = sum(1 for e in self.sessions.values() if e.owner == client)
+        if mine >= self.max_sessions_per_client:
+            return _error(
+                429,
+                "TooManySessions",
+                f"this client has {mine} sessions open, the server's limit per client "
+                f"(--max-sessions-per-client {self.max_sessions_per_client}); close some first",
+            )
         async with self.gate.slot():
             cm = self.sandbox.session()
             session = await cm.__aenter__()
         sid = f"{self.instance}-{secrets.token_hex(8)}"
-        self.sessions[sid] = _Session(cm, session, time.monotonic())
+        self.sessions[sid] = _Session(cm, session, time.monotonic(), client)
         return web.json_response({"session_id": sid})
 
     def _session(self, request: web.Request) -> _Session:
         sid = request.match_info["sid"]
         entry = self.sessions.get(sid)
-        if entry is None:
+        if entry is None or entry.owner != request[_CLIENT]:  # another's: as if it did not exist
             raise web.HTTPNotFound(
                 text=(
                     f'{{"error": "session {sid} does not exist on this server (it expired, was '
@@ -285,7 +326,7 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     max_concurrency: int = 8,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
     *,
     backend_kwargs: Mapping[str, Any] | None = None,
     stop: asyncio.Event | None = None,
@@ -309,6 +350,8 @@ async def serve(
         server = SandboxServer(
             sandbox, max_concurrency=max_concurrency, token=token, **server_kwargs
         )
+        if not server.tokens and not is_loopback(host):
+            warn_open(host)
         bound = await server.start(host, port)
         print(f"agentloop sandbox server ({sandbox.name}) on http://{host}:{bound}", flush=True)
         try:
@@ -327,11 +370,13 @@ def run_from_args(args: Any) -> int:
                 args.host,
                 args.port,
                 args.max_concurrency,
-                args.token,
+                read_tokens(args),
                 backend_kwargs=kwargs,
                 max_queue=args.max_queue,
                 session_ttl_s=args.session_ttl_s,
                 max_request_bytes=args.max_request_mb << 20,
+                max_sessions=args.max_sessions,
+                max_sessions_per_client=args.max_sessions_per_client,
             )
         )
     except (ConfigError, SandboxError) as exc:

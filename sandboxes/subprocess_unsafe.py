@@ -17,7 +17,7 @@ from agentloop.errors import ConfigError
 from .base import ExecResult, SandboxLimits
 from .pool import KernelSandbox
 from .process import ProcessKernel, collect_process
-from .protocol import KERNEL_SOURCE, new_sentinel
+from .protocol import KERNEL_SOURCE, new_key
 
 __all__ = ["UnsafeSubprocessSandbox"]
 
@@ -74,8 +74,8 @@ class UnsafeSubprocessSandbox(KernelSandbox):
 
     async def _spawn_kernel(self) -> ProcessKernel:
         workdir = tempfile.mkdtemp(prefix="agentloop-unsafe-")
-        sentinel = new_sentinel()
-        argv = [self.python, "-u", "-c", KERNEL_SOURCE, sentinel, "shared"]
+        key = new_key()
+        argv = [self.python, "-u", "-c", KERNEL_SOURCE, "shared"]
         pipe = asyncio.subprocess.PIPE
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -97,7 +97,7 @@ class UnsafeSubprocessSandbox(KernelSandbox):
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
         kernel = ProcessKernel(
-            proc, sentinel, self.limits.max_output_bytes, kill=kill, on_close=remove_workdir
+            proc, key, self.limits.max_output_bytes, kill=kill, on_close=remove_workdir
         )
         await kernel.handshake(_START_TIMEOUT_S)  # closes the kernel if it does not start
         return kernel

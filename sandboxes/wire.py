@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,17 @@ from agentloop.errors import ConfigError
 
 from .base import ExecResult, decode_files
 
-__all__ = ["RunRequest", "parse_run_request", "sandboxfusion_request", "sandboxfusion_response"]
+__all__ = [
+    "FusionRequest",
+    "RunRequest",
+    "fetch_code",
+    "parse_fetched",
+    "parse_run_request",
+    "sandboxfusion_request",
+    "sandboxfusion_response",
+]
+
+_MAX_FETCH_FILES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +54,18 @@ def parse_run_request(body: Any) -> RunRequest:
     return RunRequest(code, language, timeout, stdin, decode_files(files))
 
 
-def sandboxfusion_response(result: ExecResult) -> dict[str, Any]:
-    """A SandboxFusion ``RunCodeResponse`` for ``result``."""
+@dataclass(frozen=True, slots=True)
+class FusionRequest:
+    """A validated SandboxFusion ``RunCodeRequest``: the run, and the files to send back."""
+
+    run: RunRequest
+    fetch_files: tuple[str, ...] = ()
+
+
+def sandboxfusion_response(
+    result: ExecResult, files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A SandboxFusion ``RunCodeResponse`` for ``result`` (``files``: path -> base64)."""
     status = "Success" if result.ok else "Failed"
     return {
         "status": status,
@@ -58,22 +79,89 @@ def sandboxfusion_response(result: ExecResult) -> dict[str, Any]:
             "stderr": result.stderr,
         },
         "executor_pod_name": None,
-        "files": {},
+        "files": dict(files or {}),
     }
 
 
-def sandboxfusion_request(body: Any) -> RunRequest:
-    """A SandboxFusion ``RunCodeRequest`` as a run request (``memory_limit_MB``,
-    ``compile_timeout`` and ``fetch_files`` are accepted; the server's own limits apply)."""
+def _memory_limit(value: Any, server_mb: int) -> None:
+    """``memory_limit_MB``: a per-run limit this server can keep only when it is at or above
+    its own (which then applies); a lower one it cannot set per request, so it is refused."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"field 'memory_limit_MB' must be a number of MB, got {value!r}")
+    if value <= 0:
+        return  # SandboxFusion's "no limit of its own" (-1): the server's limit applies
+    if value < server_mb:
+        raise ConfigError(
+            f"memory_limit_MB={value:g} is below this server's per-run memory limit of "
+            f"{server_mb} MB, which a request cannot lower; send memory_limit_MB >= {server_mb} "
+            f"(or -1), or start the server with --memory-mb {int(value)}"
+        )
+
+
+def _fetch_list(value: Any, language: str) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"field 'fetch_files' must be a list of file paths, got {value!r}")
+    if len(value) > _MAX_FETCH_FILES:
+        raise ConfigError(
+            f"fetch_files lists {len(value)} files, over the limit of {_MAX_FETCH_FILES}"
+        )
+    if language != "python":
+        raise ConfigError(
+            f"fetch_files is supported for language 'python' only, got {language!r}; "
+            "copy the files out with a python run instead"
+        )
+    return tuple(value)
+
+
+def sandboxfusion_request(body: Any, memory_mb: int) -> FusionRequest:
+    """A SandboxFusion ``RunCodeRequest`` (``compile_timeout`` is accepted and unused).
+
+    ``run_timeout`` is capped by the server's limit, ``memory_limit_MB`` must be at or above the
+    server's ``memory_mb`` (or -1: then the server's applies), ``fetch_files`` (python) are read
+    back from the work dir after the run and returned base64-encoded in ``files``.
+    """
     if not isinstance(body, dict):
         raise ConfigError("request body must be a JSON object")
     language = str(body.get("language") or "python")
-    return parse_run_request(
+    language = {"python3": "python", "sh": "bash"}.get(language, language)
+    _memory_limit(body.get("memory_limit_MB"), memory_mb)
+    run = parse_run_request(
         {
             "code": body.get("code"),
-            "language": {"python3": "python", "sh": "bash"}.get(language, language),
+            "language": language,
             "timeout_s": body.get("run_timeout"),
             "stdin": body.get("stdin") or None,
             "files": body.get("files") or {},
         }
     )
+    return FusionRequest(run, _fetch_list(body.get("fetch_files"), language))
+
+
+def fetch_code(paths: tuple[str, ...]) -> str:
+    """A Python program that prints ``{path: base64 or null}`` of ``paths`` as one JSON line."""
+    return (
+        "import base64, json\n"
+        "out = {}\n"
+        f"for p in {list(paths)!r}:\n"
+        "    try:\n"
+        "        out[p] = base64.b64encode(open(p, 'rb').read()).decode()\n"
+        "    except OSError:\n"
+        "        out[p] = None\n"
+        "print(json.dumps(out))\n"
+    )
+
+
+def parse_fetched(result: ExecResult) -> dict[str, str]:
+    """The files a :func:`fetch_code` run sent back (missing ones left out)."""
+    if result.truncated or not result.ok:
+        raise ConfigError(
+            "fetch_files could not be read back whole (over the server's output cap of one "
+            f"run, or the read failed: {result.stderr.strip()[-300:]!r}); fetch fewer or smaller "
+            "files"
+        )
+    data = json.loads(result.stdout)
+    return {p: b for p, b in data.items() if b is not None}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import re
 import signal
 import socket
@@ -179,8 +180,8 @@ async def test_failover_to_the_next_server_for_one_off_runs(served: Any) -> None
 
 
 async def test_serve_entry_point_and_parser() -> None:
-    args = build_parser().parse_args(["--backend", "fake", "--port", "0", "--token", "t"])
-    assert (args.backend, args.port, args.token, args.max_concurrency >= 1) == (
+    args = build_parser().parse_args(["--backend", "fake", "--port", "0", "--token-file", "t"])
+    assert (args.backend, args.port, args.token_file, args.max_concurrency >= 1) == (
         "fake",
         0,
         "t",
@@ -198,10 +199,12 @@ async def test_serve_entry_point_and_parser() -> None:
 @needs_bwrap
 async def test_agentloop_serve_sandbox_command() -> None:
     """The documented command line: ``agentloop serve-sandbox --backend local --port N
-    --max-concurrency K --token T``, a real local backend behind it, SIGTERM ends it cleanly."""
+    --max-concurrency K`` with the token in ``$AGENTLOOP_SANDBOX_TOKEN``, a real local backend
+    behind it, SIGTERM ends it cleanly."""
     argv = [sys.executable, "-m", "agentloop.cli", "serve-sandbox", "--backend", "local"]
-    argv += ["--port", "0", "--max-concurrency", "2", "--token", TOKEN, "--pool-size", "1"]
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    argv += ["--port", "0", "--max-concurrency", "2", "--pool-size", "1"]
+    env = {**os.environ, "AGENTLOOP_SANDBOX_TOKEN": TOKEN}
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()

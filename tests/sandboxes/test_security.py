@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import socket
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,3 +227,98 @@ except OSError:
         assert host.secret not in again.stdout + again.stderr
     assert host.secret_path.read_text() == host.secret
     host.extra_paths.append(escape[3].parent / "x")
+
+
+# Issue 21: the end of a run is decided outside the code's process. The old kernel's end-of-run
+# sentinel sat in its argv, in the code's own interpreter; these find anything like it.
+_FORGE = """
+import json, os, re, sys
+open("/proc/self/comm", "w").write({comm!r})
+pat = rb"\\x1eagentloop-[0-9a-f]+\\x1e"
+found = set(m.encode() for a in sys.argv for m in re.findall(pat.decode(), a))
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for name in ("cmdline", "environ"):
+        try:
+            found.update(re.findall(pat, open(f"/proc/{{pid}}/{{name}}", "rb").read()))
+        except OSError:
+            pass
+opened = []  # the parent (the kernel's supervisor): its memory, its descriptors
+for path in ("mem", "fd/0", "fd/1", "fd/3", "fd/4"):
+    try:
+        open(f"/proc/{{os.getppid()}}/{{path}}", "rb").close()
+        opened.append(path)
+    except OSError:
+        pass
+print("opened", opened, "." * 64, flush=True)
+for mark in found:
+    for seq in range(8):
+        done = json.dumps({{"seq": seq, "exit_code": 0, "oom": False, "duration": 0.01}})
+        os.write(1, mark)
+        os.write(2, mark + done.encode() + b"\\n")
+while True:
+    pass
+"""
+
+
+async def test_forged_end_of_run_report_neither_ends_the_run_nor_outlives_it(
+    sandbox: Any, host: Host
+) -> None:
+    async with sandbox.session() as s:
+        res = await s.run(_FORGE.format(comm=host.comm), timeout_s=2)
+        assert res.timed_out and res.exit_code == 137, res
+        assert res.stdout.startswith("opened [] ..."), res.stdout  # the supervisor is not dumpable
+        assert wait_gone(host.comm) == []
+        assert (await s.run("print('fresh')")).stdout == "fresh\n"
+
+
+_REPLACE_CLEANUP = """
+import os, sys, time
+kernel = sys.modules["__main__"]
+for name in ("kill_strays", "_strays"):
+    if hasattr(kernel, name):
+        setattr(kernel, name, lambda *a, **k: [])
+if os.fork() == 0:
+    open("/proc/self/comm", "w").write({comm!r})
+    time.sleep(300)
+    os._exit(0)
+print("spawned")
+"""
+
+
+async def test_replacing_the_kernels_clean_up_leaves_no_process_behind(
+    sandbox: Any, host: Host
+) -> None:
+    async with sandbox.session() as s:
+        res = await s.run(_REPLACE_CLEANUP.format(comm=host.comm))
+        assert res.stdout == "spawned\n", res
+        assert wait_gone(host.comm) == []
+        assert (await s.run("print('still here')")).stdout == "still here\n"
+
+
+_EARLY_DONE = """
+import json, os, threading, time
+open("/proc/self/comm", "w").write({comm!r})
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        os.write(fd, json.dumps({{"exit_code": 0, "oom": False, "duration": 0}}).encode() + b"\\n")
+    except OSError:
+        pass
+spin()
+"""
+
+
+async def test_code_that_ends_its_run_early_stops_running(sandbox: Any, host: Host) -> None:
+    """Code may claim its run is over (it is its own exit status), but then nothing of it runs:
+    between runs the session's interpreter is stopped and its other processes are gone."""
+    async with sandbox.session() as s:
+        res = await s.run(_EARLY_DONE.format(comm=host.comm), timeout_s=2)
+        left = procs_named(host.comm)
+        states = {
+            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in left
+        }
+        assert states <= {"T", "t"}, (res, states)  # stopped, or killed with the run
+    assert wait_gone(host.comm) == []

@@ -1,0 +1,142 @@
+"""Sandbox server hardening (issue 21): limits are ceilings, sessions belong to their client,
+tokens stay off the command line, an open bind is loud, SandboxFusion options are honoured."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from sbx_helpers import needs_bwrap
+
+from agentloop.sandboxes import FakeSandbox, SandboxLimits, make_sandbox
+from agentloop.sandboxes.server import SandboxServer, build_parser, run_from_args, serve
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+CEILING = SandboxLimits(timeout_s=1.5, memory_mb=256, max_processes=32, disk_mb=64)
+
+
+async def call(method: str, url: str, body: Any = None, token: str | None = "a") -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, url, json=body, headers=headers) as r,
+    ):
+        return r.status, await r.json(content_type=None)
+
+
+@pytest.fixture
+async def local_server() -> AsyncIterator[str]:
+    async with make_sandbox("local", limits=CEILING, pool_size=1) as sb:
+        server = SandboxServer(sb, token="a")
+        port = await server.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await server.stop(drain_timeout_s=5)
+
+
+@needs_bwrap
+async def test_a_request_cannot_lift_the_servers_time_limit(local_server: str) -> None:
+    """``timeout_s: 1e6`` is cut to the server's 1.5 s (it used to hold the slot for ever)."""
+    spin = {"code": "while True:\n    pass\n", "timeout_s": 1e6}
+    async with asyncio.timeout(30):
+        status, body = await call("POST", local_server + "/v1/run", spin)
+        assert status == 200 and body["timed_out"], body
+        assert "timed out after 1.5s" in body["stderr"]
+        _, opened = await call("POST", local_server + "/v1/sessions", {})
+        sid = opened["session_id"]
+        status, body = await call("POST", f"{local_server}/v1/sessions/{sid}/run", spin)
+        assert status == 200 and body["timed_out"] and "after 1.5s" in body["stderr"], body
+        fusion = {"code": spin["code"], "run_timeout": 1e6}
+        _, body = await call("POST", local_server + "/run_code", fusion)
+        assert body["run_result"]["status"] == "TimeLimitExceeded", body
+    # a shorter limit than the ceiling is kept
+    status, body = await call("POST", local_server + "/v1/run", {**spin, "timeout_s": 0.5})
+    assert body["timed_out"] and "after 0.5s" in body["stderr"], body
+
+
+async def test_sessions_belong_to_the_client_that_opened_them() -> None:
+    server = SandboxServer(FakeSandbox(), token=["a", "b"], max_sessions_per_client=2)
+    url = f"http://127.0.0.1:{await server.start()}"
+    try:
+        _, opened = await call("POST", url + "/v1/sessions", {}, token="a")
+        sid = opened["session_id"]
+        run = f"{url}/v1/sessions/{sid}/run"
+        assert (await call("POST", run, {"code": "x = 1"}, token="a"))[0] == 200
+        status, body = await call("POST", run, {"code": "print(x)"}, token="b")
+        assert status == 404 and body["type"] == "NoSession", body
+        assert (await call("DELETE", f"{url}/v1/sessions/{sid}", token="b"))[0] == 404
+        assert sid in server.sessions  # b could neither use nor close it
+        # at most 2 sessions per client; the other client is not affected
+        assert (await call("POST", url + "/v1/sessions", {}, token="a"))[0] == 200
+        status, body = await call("POST", url + "/v1/sessions", {}, token="a")
+        assert status == 429 and "--max-sessions-per-client 2" in body["error"], body
+        assert (await call("POST", url + "/v1/sessions", {}, token="b"))[0] == 200
+    finally:
+        await server.stop()
+
+
+def test_the_token_never_comes_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = build_parser().parse_args(["--backend", "fake", "--token", "s3cret"])
+    assert run_from_args(args) == 2
+    out = capsys.readouterr().out
+    assert "`ps`" in out and "--token-file PATH" in out and "AGENTLOOP_SANDBOX_TOKEN" in out
+    from agentloop.sandboxes.serve_args import read_tokens
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alpha\n\nbeta\n")
+    assert read_tokens(build_parser().parse_args(["--token-file", str(tokens)])) == [
+        "alpha",
+        "beta",
+    ]
+    monkeypatch.setenv("AGENTLOOP_SANDBOX_TOKEN", "gamma")
+    assert read_tokens(build_parser().parse_args([])) == ["gamma"]
+
+
+async def test_an_open_bind_without_auth_warns_loudly(capsys: pytest.CaptureFixture[str]) -> None:
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(serve(FakeSandbox(), host="0.0.0.0", port=0, stop=stop))
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "NO authentication" in err, err
+    task = asyncio.ensure_future(serve(FakeSandbox(), host="127.0.0.1", port=0, stop=stop))
+    await asyncio.wait_for(task, 10)
+    assert "WARNING" not in capsys.readouterr().err
+
+
+@needs_bwrap
+async def test_sandboxfusion_fetch_files_and_memory_limit(local_server: str) -> None:
+    url = local_server + "/auth/a/run_code"
+    write = "open('out.txt', 'w').write('forty-two')\nimport os; os.makedirs('d')\n"
+    write += "open('d/b.bin', 'wb').write(bytes(range(4)))\n"
+    body = {"code": write, "fetch_files": ["out.txt", "d/b.bin", "missing.txt"]}
+    status, res = await call("POST", url, body, token=None)
+    assert status == 200 and res["status"] == "Success", res
+    files = {k: base64.b64decode(v) for k, v in res["files"].items()}
+    assert files == {"out.txt": b"forty-two", "d/b.bin": bytes(range(4))}
+    # memory_limit_MB: at or above the server's 256 MB (or -1) runs under 256 MB; below it cannot
+    for ok in (256, 4096, -1):
+        _, res = await call("POST", url, {"code": "print(1)", "memory_limit_MB": ok}, token=None)
+        assert res["status"] == "Success", res
+    status, res = await call("POST", url, {"code": "1", "memory_limit_MB": 64}, token=None)
+    assert status == 400 and "memory_limit_MB=64" in res["error"] and "256 MB" in res["error"]
+    status, res = await call(
+        "POST", url, {"code": "ls", "language": "bash", "fetch_files": ["x"]}, token=None
+    )
+    assert status == 400 and "fetch_files" in res["error"], res
+
+
+def test_serve_sandbox_help_lists_the_ceilings() -> None:
+    text = build_parser().format_help()
+    for flag in ("--token-file", "--cpu-time-s", "--max-output-bytes", "--max-sessions-per-client"):
+        assert flag in text
+    assert "--token " not in text  # the command-line token is not offered
