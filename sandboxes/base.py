@@ -36,6 +36,7 @@ LANGUAGES = ("python", "bash")
 # Sizes above these are almost certainly a bug in the caller, not a program to run.
 _MAX_CODE_BYTES = 4 << 20
 _MAX_FILES_BYTES = 64 << 20
+_MAX_FILES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,11 @@ def check_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes]:
         return {}
     if not isinstance(files, Mapping):
         raise ConfigError(f"files must be a mapping of relative path -> bytes, got {files!r}")
+    if len(files) > _MAX_FILES:
+        raise ConfigError(
+            f"{len(files)} files in one run, over the limit of {_MAX_FILES}; "
+            "pack them into an archive and unpack it in the code"
+        )
     out: dict[str, bytes] = {}
     total = 0
     for path, data in files.items():
@@ -194,7 +200,10 @@ def check_code(code: str) -> str:
     if not isinstance(code, str):
         raise ConfigError(f"code must be str, got {type(code).__name__}")
     if len(code) > _MAX_CODE_BYTES:
-        raise ConfigError(f"code is {len(code)} chars, over the {_MAX_CODE_BYTES} limit")
+        raise ConfigError(
+            f"code is {len(code)} characters, over the limit of {_MAX_CODE_BYTES}; "
+            "ship large data as files instead"
+        )
     return code
 
 

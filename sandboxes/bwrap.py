@@ -36,6 +36,8 @@ def sandbox_env(limits: SandboxLimits) -> dict[str, str]:
 
 
 def fs_args(ro_binds: Sequence[str], limits: SandboxLimits) -> list[str]:
+    """What the sandbox sees: the host's system dirs read-only, and writable tmpfs
+    ``/sandbox``, ``/tmp`` and ``/dev/shm`` of ``disk_mb`` each; nothing else is writable."""
     args = ["--ro-bind", "/usr", "/usr"]
     for d in _SYSTEM_DIRS:
         if os.path.islink(d):  # merged /usr: keep the symlink
@@ -49,6 +51,9 @@ def fs_args(ro_binds: Sequence[str], limits: SandboxLimits) -> list[str]:
         args += ["--ro-bind", path, path]
     disk = str(limits.disk_mb << 20)
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # /dev itself is a tmpfs of bwrap's with no size: read-only, so nothing can fill it; shared
+    # memory (POSIX semaphores, multiprocessing) gets a sized tmpfs of its own
+    args += ["--perms", "1777", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--perms", "1777", "--size", disk, "--tmpfs", "/tmp"]
     args += ["--perms", "0700", "--size", disk, "--tmpfs", "/sandbox"]
     return args

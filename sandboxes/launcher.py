@@ -33,11 +33,13 @@ __all__ = ["LaunchedProcess", "Launcher", "drop_launcher", "launcher_limits", "s
 
 log = logging.getLogger(__name__)
 _MSG = struct.Struct("=qq")  # (kind, value): kind 0 = started (pid; pidfd attached), 1 = exited
-# `python3 -S -c LAUNCHER_SOURCE FD`, FD = the request socket. For each request (JSON: argv, env,
-# uid, rlimits, OOM score, target fds; the fds ride along as SCM_RIGHTS) it forks; the child places
-# the fds, sets the OOM score and the rlimits it was given, drops to the uid and execs; the
-# launcher sends the pid and a pidfd, waits, sends the status and reaps every orphan bwrap leaves.
-# Limits set before exec hold for bwrap and everything the sandboxed program starts.
+# `python3 -S -c LAUNCHER_SOURCE FD`, FD = the request socket. A request is a header (JSON
+# length, fd count; the fds ride along as SCM_RIGHTS) and then the JSON (argv, env, uid,
+# rlimits, OOM score, target fds, and `split`: files cut out of one memfd, each placed at its
+# own target fd), any size. For each it forks; the child places the fds, sets the OOM score and
+# the rlimits it was given, drops to the uid and execs; the launcher sends the pid and a pidfd,
+# waits, sends the status and reaps every orphan bwrap leaves. Limits set before exec hold for
+# bwrap and everything the sandboxed program starts.
 LAUNCHER_SOURCE = r"""
 import ctypes, fcntl, json, os, resource, signal, socket, struct, sys, time
 libc = ctypes.CDLL(None)
@@ -48,17 +50,32 @@ if os.getppid() == 1:
 sock = socket.socket(fileno=int(sys.argv[1]))
 
 def child(req, fds):
-    targets = req["targets"]
-    staged = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]
-    for fd, target in zip(staged, targets):
+    split = req["split"]
+    targets = req["targets"] + [t for t, _, _ in split]
+    top = max(targets) + 1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * top + len(fds) + 64:
+        want = 2 * top + len(fds) + 64
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard < 0 else min(want, hard), hard))
+    staged = [fcntl.fcntl(fd, fcntl.F_DUPFD, top) for fd in fds]
+    for fd, target in zip(staged, req["targets"]):
         os.dup2(fd, target)
-    for fd in range(max(targets) + 1):
-        if fd not in targets:
+    for target, offset, size in split:  # the blob is the last fd received
+        part = os.memfd_create("file")
+        data = os.pread(staged[-1], size, offset)
+        while data:
+            data = data[os.write(part, data):]
+        os.lseek(part, 0, os.SEEK_SET)
+        os.dup2(part, target)
+        os.close(part)
+    keep = set(targets)
+    for fd in range(top):
+        if fd not in keep:
             try:
                 os.close(fd)
             except OSError:
                 pass
-    os.closerange(max(targets) + 1, 65536)
+    os.closerange(top, 1 << 20)
     if req["oom_score_adj"] is not None:
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -89,14 +106,24 @@ def reap_all():
                             os.kill(int(left), signal.SIGKILL)
             time.sleep(0.001)
 
+def read_exact(n):
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            os._exit(0)
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
 while True:
     try:
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 64)
+        head, fds, _flags, _addr = socket.recv_fds(sock, 16, 16)
     except OSError:
         os._exit(0)
-    if not msg:
+    if len(head) < 16:
         os._exit(0)
-    req = json.loads(msg)
+    req = json.loads(read_exact(struct.unpack("=qq", head)[0]))
     pid = os.fork()
     if pid == 0:
         try:
@@ -241,9 +268,12 @@ class Launcher:
         stdin: bool,
         rlimits: Sequence[tuple[int, int, int]] = (),
         oom_score_adj: int | None = None,
+        split: tuple[int, Sequence[tuple[int, int, int]]] | None = None,
     ) -> LaunchedProcess:
         """Start ``argv`` with ``fds`` ({target fd: our fd}), piped stdio, ``rlimits``
-        ((``resource.RLIMIT_*``, soft, hard) each) and ``oom_score_adj`` as uid ``uid``."""
+        ((``resource.RLIMIT_*``, soft, hard) each) and ``oom_score_adj`` as uid ``uid``.
+        ``split`` is (a memfd, [(target fd, offset, size), …]): each piece of the memfd
+        becomes a file of its own at its target fd (any number of files, one fd sent)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
@@ -255,12 +285,17 @@ class Launcher:
             "targets": list(send),
             "rlimits": [list(r) for r in rlimits],
             "oom_score_adj": oom_score_adj,
+            "split": [list(piece) for piece in split[1]] if split else [],
         }
+        passed = [*send.values(), *([split[0]] if split else [])]
         if self.running:
             raise SandboxError("this launcher is still running a sandbox")
         self.running = True
-        try:  # a few KB: the socket buffer has room
-            socket.send_fds(self._sock, [json.dumps(req).encode()], list(send.values()))
+        try:
+            data = json.dumps(req).encode()
+            # an idle launcher's socket is empty: the 16-byte header fits; the JSON may not
+            socket.send_fds(self._sock, [_MSG.pack(len(data), len(passed))], passed)
+            await asyncio.get_running_loop().sock_sendall(self._sock, data)
             pid, pidfd = await self._read_started()
         except BaseException:
             for fd in (out_r, err_r, in_w):

@@ -25,6 +25,16 @@ from .slots import SlotPool
 __all__ = ["LocalSandbox"]
 
 _START_TIMEOUT_S = 30.0
+# One argv string holds at most MAX_ARG_STRLEN (128 KiB) bytes; longer code goes another way.
+_ARGV_CODE_MAX = 100 << 10
+_FIRST_FILE_FD = 10  # cold runs' files sit at fds 10, 11, … for bwrap's --file
+_CODE_FD = 9  # and long bash code at fd 9
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class LocalSandbox(KernelSandbox):
@@ -166,34 +176,44 @@ class LocalSandbox(KernelSandbox):
     async def _cold_run(
         self, code: str, language: str, timeout_s: float, stdin: str | None, files: dict[str, bytes]
     ) -> ExecResult:
-        """A run without a warm kernel: ``bwrap ... python3 -c CODE`` on a launcher slot."""
-        fds: list[int] = []
+        """A run without a warm kernel: ``bwrap ... python3 -c CODE`` on a launcher slot.
+
+        Files travel as one memfd that the launcher cuts into one fd per file (``--file``).
+        Code too long for one argv string (``MAX_ARG_STRLEN``) runs on a kernel started for it
+        (Python, which reads its code from stdin) or is sourced from an fd (bash).
+        """
+        big = len(code.encode()) > _ARGV_CODE_MAX
+        if big and language == "python":
+            return await super()._cold_run(code, language, timeout_s, stdin, files)
         extra: list[str] = []
         made: set[str] = set()
+        pieces: list[tuple[int, int, int]] = []
+        blob = bytearray()
+        for i, (path, data) in enumerate(files.items()):
+            parts = path.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                d = "/sandbox/" + "/".join(parts[:depth])
+                if d not in made:
+                    made.add(d)
+                    extra += ["--dir", d]
+            pieces.append((_FIRST_FILE_FD + i, len(blob), len(data)))
+            extra += ["--file", str(_FIRST_FILE_FD + i), "/sandbox/" + path]
+            blob += data
+        if big:  # bash: the code is one more piece, sourced from its fd
+            pieces.append((_CODE_FD, len(blob), len(code.encode())))
+            blob += code.encode()
+        fd = os.memfd_create("files")
         try:
-            for path, blob in files.items():
-                parts = path.split("/")[:-1]
-                for i in range(1, len(parts) + 1):
-                    d = "/sandbox/" + "/".join(parts[:i])
-                    if d not in made:
-                        made.add(d)
-                        extra += ["--dir", d]
-                fd = os.memfd_create("file")
-                os.write(fd, blob)
-                fds.append(fd)
-                extra += ["--file", str(fd), "/sandbox/" + path]
+            await asyncio.to_thread(_write_all, fd, blob)
             for attempt in range(2):
-                for fd in fds:
-                    os.lseek(fd, 0, os.SEEK_SET)
-                res = await self._cold_exec(code, language, timeout_s, stdin, fds, extra)
+                res = await self._cold_exec(code, language, timeout_s, stdin, (fd, pieces), extra)
                 # bwrap itself failed (e.g. a transient EAGAIN from clone): not the code's doing
                 if not (res.exit_code == 1 and res.stderr.startswith("bwrap: ") and not res.stdout):
                     return res
                 await asyncio.sleep(0.05 * (attempt + 1))
             raise SandboxError(f"bubblewrap could not start the sandbox: {res.stderr.strip()}")
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(fd)
 
     async def _cold_exec(
         self,
@@ -201,7 +221,7 @@ class LocalSandbox(KernelSandbox):
         language: str,
         timeout_s: float,
         stdin: str | None,
-        fds: list[int],
+        split: tuple[int, list[tuple[int, int, int]]],
         extra: list[str],
     ) -> ExecResult:
         assert self._slots is not None
@@ -211,11 +231,16 @@ class LocalSandbox(KernelSandbox):
         for name, value in self._rlimits().items():
             if value is not None:
                 rlimits.append((getattr(resource, "RLIMIT_" + name.upper()), value, value))
-        command = [self.python, "-c", code] if language == "python" else ["bash", "-c", code]
+        if language == "python":
+            command = [self.python, "-c", code]
+        elif len(code.encode()) > _ARGV_CODE_MAX:
+            command = ["bash", "-c", f". /dev/fd/{_CODE_FD}"]
+        else:
+            command = ["bash", "-c", code]
         argv = self._bwrap_argv(extra) + command
         slot = await self._slots.take()
         try:
-            return await self._run_on(slot, argv, stdin, timeout_s, fds, rlimits)
+            return await self._run_on(slot, argv, stdin, timeout_s, split, rlimits)
         finally:
             self._slots.release(slot)
 
@@ -225,15 +250,16 @@ class LocalSandbox(KernelSandbox):
         argv: list[str],
         stdin: str | None,
         timeout_s: float,
-        fds: list[int],
+        split: tuple[int, list[tuple[int, int, int]]],
         rlimits: list[tuple[int, int, int]],
     ) -> ExecResult:
         cg = slot.cgroup
         oom_before = cg.oom_kills() if cg is not None else 0
         env = sandbox_env(self.limits)
-        fd_map = {fd: fd for fd in fds}
         # the OOM killer takes the program, never the launcher in its cgroup
-        proc = await slot.launch(argv, env, self._uid(), fd_map, bool(stdin), rlimits, 1000)
+        proc = await slot.launch(
+            argv, env, self._uid(), {}, bool(stdin), rlimits, 1000, split if split[1] else None
+        )
         return await collect_process(
             proc,  # type: ignore[arg-type]  # the subset of Process it uses
             stdin=stdin,

@@ -106,6 +106,10 @@ class Sections(Protocol):
         """The status line after the sentinel just read (stderr)."""
         ...
 
+    def salvage(self, sink: Capture) -> None:
+        """Move what an unfinished section holds into ``sink`` (its run timed out)."""
+        ...
+
 
 class SectionReader:
     """Sections pulled from a pipe as they are read: bytes after a sentinel wait for the next
@@ -130,8 +134,9 @@ class SectionReader:
                 return True
             keep = min(len(buf), keep_max)  # a sentinel may straddle two chunks
             sink.add(buf[: len(buf) - keep])
-            buf = buf[len(buf) - keep :]
+            self._pending = buf = buf[len(buf) - keep :]  # for salvage() if the read times out
             chunk = await self.reader.read(_CHUNK)
+            self._pending = b""
             if not chunk:
                 sink.add(buf)
                 return False
@@ -146,6 +151,10 @@ class SectionReader:
             buf += chunk
         line, _, self._pending = buf.partition(b"\n")
         return line
+
+    def salvage(self, sink: Capture) -> None:
+        sink.add(self._pending)
+        self._pending = b""
 
 
 class SectionBuffer:
@@ -221,6 +230,11 @@ class SectionBuffer:
 
     async def line(self) -> bytes:
         return self._last_line
+
+    def salvage(self, sink: Capture) -> None:
+        sink.extend(self._current)
+        sink.add(self._tail)
+        self._current, self._tail = Capture(self._cap), b""
 
 
 class StreamKernel:
@@ -324,6 +338,8 @@ class StreamKernel:
         except TimeoutError:
             self.alive = False
             await self.kill()
+            self._out.salvage(out)  # what the run wrote before its deadline
+            self._err.salvage(err)
             notes.append(f"\n[sandbox] run timed out after {timeout_s:g}s and was killed\n")
             return self._result(out, err, notes, 137, start, timed_out=True)
         except (ConnectionError, OSError) as exc:

@@ -224,3 +224,29 @@ async def test_stale_cgroups_of_dead_processes_are_reaped() -> None:
     async with make_sandbox("local", pool_size=0) as sb:
         assert sb.cgroup_version == root.version
         assert not any(Path(d).exists() for d in stale)
+
+
+_FILL_DEV = """
+import errno
+for path in ("/dev/fill", "/dev/shm/fill"):
+    try:
+        with open(path, "wb") as f:
+            for _ in range(256):  # 256 MB, over disk_mb and memory_mb
+                f.write(b"x" * (1 << 20))
+        print("WROTE", path)
+    except OSError as exc:
+        print("stopped", path, errno.errorcode[exc.errno])
+"""
+
+
+@pytest.mark.parametrize("use_cgroups", [True, False], ids=["cgroups", "rlimits"])
+async def test_dev_is_no_unbounded_tmpfs(use_cgroups: bool) -> None:
+    """Issue 21: /dev was a tmpfs without a size (1 GB held with memory_mb=128 without
+    cgroups); now it is read-only, and /dev/shm holds at most disk_mb."""
+    limits = SandboxLimits(timeout_s=60, memory_mb=128, disk_mb=32, max_processes=32)
+    async with make_sandbox("local", limits=limits, pool_size=0, use_cgroups=use_cgroups) as sb:
+        res = await sb.run(_FILL_DEV)
+        assert "stopped /dev/fill EROFS" in res.stdout, res
+        assert "stopped /dev/shm/fill ENOSPC" in res.stdout, res
+        sem = await sb.run("import multiprocessing as m; m.Lock(); print('semaphore ok')")
+        assert sem.stdout == "semaphore ok\n", sem
