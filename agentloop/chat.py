@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from agentloop.errors import TemplateError
@@ -120,6 +121,14 @@ class TokenBuilder:
         if self._backend is not None:
             return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token spells: the longest vocabulary entry (a byte-level
+        entry's length counts its bytes, which is at least its characters). A text of more than
+        ``n * max_token_chars`` characters cannot fit in ``n`` tokens, so huge tool outputs are
+        cut by characters before any tokenizing (:func:`~agentloop.tools.truncate_to_tokens`)."""
+        return max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
 
     # -- the two operations the rollout loop needs -----------------------------------------
 

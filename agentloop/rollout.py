@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -24,6 +25,9 @@ __all__ = ["RolloutConfig", "rollout"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+# Tool output up to this many characters is cut on the event loop (well under 10 ms of
+# tokenizing); more goes to a worker thread.
+_INLINE_CHARS = 16_384
 
 
 @dataclass(frozen=True)
@@ -244,9 +248,9 @@ async def _play(
         episode.messages.append(action)
         t1 = time.perf_counter()
         result = await _env_call(env.step(action))
-        episode.reward += float(result.reward)
+        episode.reward += _finite_reward(result.reward)
         episode.metrics.update(result.metrics)
-        obs = _fit_observation(result, builder, config)
+        obs = await _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
         obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
         if stop is None and any(m.images for m in obs):
@@ -300,24 +304,64 @@ async def _generate(
 
 
 async def _env_call(awaitable: Awaitable[R]) -> R:
-    """Await an env call; a fatal tool error or any env/reward failure ends the episode."""
+    """Await an env call; a fatal tool error or any env/reward failure ends the episode.
+
+    A ``CancelledError`` that nobody asked for (env or tool code raising it itself) is this
+    episode's failure too: passed on, it would cancel the whole ``collect``."""
     try:
         return await awaitable
     except ToolFatalError as exc:
         raise _Stop(StopReason.TOOL_FATAL, str(exc)) from exc
     except Exception as exc:
         raise _Stop(StopReason.ENV_ERROR, f"{type(exc).__name__}: {exc}") from exc
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():  # a real cancellation: the deadline or the caller
+            raise
+        raise _Stop(
+            StopReason.ENV_ERROR, "the env raised CancelledError without being cancelled"
+        ) from exc
 
 
-def _fit_observation(
+def _finite_reward(reward: float) -> float:
+    """The step's reward as a float; NaN or infinity ends the episode (it would void the
+    whole training step's advantages)."""
+    value = float(reward)
+    if not math.isfinite(value):
+        raise _Stop(
+            StopReason.ENV_ERROR,
+            f"the env returned a non-finite reward ({value}); rewards must be finite numbers",
+        )
+    return value
+
+
+async def _fit_observation(
     result: StepResult, builder: TokenBuilder, config: RolloutConfig
 ) -> list[Message]:
-    """Tool outputs cut to ``max_tool_output_tokens`` with a visible marker; others unchanged."""
+    """Tool outputs cut to ``max_tool_output_tokens`` with a visible marker; others unchanged.
+
+    Huge outputs are cut by characters before tokenizing (``builder.max_token_chars``), and
+    tokenizing more than ``_INLINE_CHARS`` runs on a worker thread: no episode waits on
+    another's megabytes (the tokenizer releases the GIL for long pieces)."""
+    chars = sum(len(m.content) for m in result.observation if m.role == "tool")
+    if chars <= _INLINE_CHARS:
+        return _fit_tool_messages(result.observation, builder, config)
+    builder.max_token_chars  # noqa: B018 -- computed once here, not racing on worker threads
+    return await asyncio.to_thread(_fit_tool_messages, result.observation, builder, config)
+
+
+def _fit_tool_messages(
+    observation: Sequence[Message], builder: TokenBuilder, config: RolloutConfig
+) -> list[Message]:
     out = []
-    for m in result.observation:
+    for m in observation:
         if m.role == "tool":
             content = truncate_to_tokens(
-                m.content, config.max_tool_output_tokens, builder.encode, builder.decode
+                m.content,
+                config.max_tool_output_tokens,
+                builder.encode,
+                builder.decode,
+                max_token_chars=builder.max_token_chars,
             )
             if content is not m.content:  # cut: a new message, keeping the tool's images
                 m = replace(m, content=content)

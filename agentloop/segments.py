@@ -52,6 +52,9 @@ class SegmentEncoder:
             return None
 
         def encode_piece(text: str) -> list[int]:
+            if len(text) > _MAX_CACHED_CHARS:  # same ids; encode_batch releases the GIL, so a
+                # big tool output tokenized on a worker thread does not stall the event loop
+                return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
             return list(backend.encode(text, add_special_tokens=False).ids)
 
         return cls(encode_piece, added)

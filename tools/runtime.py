@@ -6,17 +6,31 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-__all__ = ["CANCEL_GRACE_S", "DeadlineExceeded", "ToolLimiter", "call_with_deadline"]
+from agentloop.errors import ToolError, ToolFatalError
+
+__all__ = [
+    "CANCEL_GRACE_S",
+    "STOP_ABANDONED_S",
+    "DeadlineExceeded",
+    "ToolLimiter",
+    "call_with_deadline",
+]
+
+log = logging.getLogger(__name__)
 
 # How long a timed-out (cancelled) async tool may take to unwind before the dispatcher moves on.
 CANCEL_GRACE_S = 1.0
+# How long a cancelled async tool may go on unwinding after it was abandoned before its coroutine
+# is closed: bounds how long one that swallows cancellation can hold up asyncio.run's exit.
+STOP_ABANDONED_S = 5.0
 _NO_LIMIT: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
@@ -120,6 +134,8 @@ def _start_thread(
     def target() -> None:
         try:
             outcome = (True, ctx.run(fn, **kwargs))
+        except (KeyboardInterrupt, asyncio.CancelledError) as e:
+            outcome = (False, _escaped(name, e))  # re-raised on the loop, it would end the run
         except BaseException as e:
             outcome = (False, e)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
@@ -145,7 +161,9 @@ async def call_with_deadline(
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = (
-        loop.create_task(fn(**kwargs)) if is_async else _start_thread(loop, fn, kwargs, name)
+        loop.create_task(_contained(fn(**kwargs), name))
+        if is_async
+        else _start_thread(loop, fn, kwargs, name)
     )
     # What asyncio.wait({fut}, timeout) does, minus its per-call set, partial and bookkeeping:
     # one waiter woken by the call's end or by the deadline, whichever comes first.
@@ -162,11 +180,55 @@ async def call_with_deadline(
         if not finished:
             fut.cancel()
             fut.add_done_callback(_consume_result)
+            if is_async:  # one that ignores the cancel is stopped later
+                loop.call_later(STOP_ABANDONED_S, _stop_abandoned, fut, name)
     if not finished:
         if is_async:
             await asyncio.wait({fut}, timeout=CANCEL_GRACE_S)
         raise DeadlineExceeded(f"tool {name!r} timed out after {timeout_s}s")
     return fut.result()
+
+
+async def _contained(coro: Coroutine[Any, Any, Any], name: str) -> Any:
+    """Await an async tool. What it raises that would stop the whole event loop
+    (``KeyboardInterrupt``, ``SystemExit``) or pass for a cancellation of its caller (a
+    ``CancelledError`` nobody asked for) becomes an error naming the tool."""
+    try:
+        return await coro
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():  # a real cancel: the deadline or the episode's
+            raise
+        raise _escaped(name, e) from e
+    except KeyboardInterrupt as e:
+        raise _escaped(name, e) from e
+    except SystemExit as e:  # an ordinary tool exception, as for sync tools
+        raise ToolError(f"raised SystemExit({e.code!r})") from e
+
+
+def _escaped(name: str, exc: BaseException) -> ToolFatalError:
+    return ToolFatalError(
+        f"tool {name!r} raised {type(exc).__name__}; a tool must not raise it (it would cancel "
+        "or stop every episode), so this episode ends here"
+    )
+
+
+def _stop_abandoned(task: asyncio.Future[Any], name: str) -> None:
+    """Stop an async tool that ignored its cancellation for ``STOP_ABANDONED_S``: close its
+    coroutine (``GeneratorExit`` at its await), else keep ``asyncio.run`` from waiting on it at
+    exit. Without this one tool swallowing ``CancelledError`` hangs the program's shutdown."""
+    if task.done() or not isinstance(task, asyncio.Task):
+        return
+    log.warning(
+        "tool %r ignored its cancellation for %ss; closing its coroutine", name, STOP_ABANDONED_S
+    )
+    try:
+        task.get_coro().close()
+    except RuntimeError:  # it swallowed GeneratorExit too: nothing can stop it
+        log.error("tool %r cannot be stopped (it ignores GeneratorExit); abandoning it", name)
+        asyncio.tasks._unregister_task(task)  # so asyncio.run's shutdown does not wait forever
+        return
+    task.cancel()  # wakes the task; its closed coroutine then ends it
 
 
 def _wake(waiter: asyncio.Future[None], _: object) -> None:

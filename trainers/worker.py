@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import os
 import shutil
@@ -46,6 +47,8 @@ from agentloop.trainers.packing import (
 from agentloop.trainers.varlen import VARLEN, resolve_attn_implementation
 
 __all__ = ["PolicyWorker", "WorkerConfig"]
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Files a model dir needs besides the weights and config, copied on save_pretrained so the export
@@ -472,7 +475,13 @@ class PolicyWorker:
         norm = float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
         if math.isfinite(norm):
             self.optimizer.step()
-        else:
+        else:  # loud: a skipped update is reported (log + ``step_skipped``), never silent
+            log.warning(
+                "train step %d skipped: the gradient norm is %s (non-finite), so the optimizer did "
+                "not step; check the batch's rewards/advantages and the learning rate",
+                self.step + 1,
+                norm,
+            )
             self.optimizer.zero_grad(set_to_none=True)
         return norm
 

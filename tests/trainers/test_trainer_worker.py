@@ -372,3 +372,15 @@ def test_two_nccl_ranks_match_one_cpu_rank(tmp_path: Path) -> None:
     )  # fmt: skip
     for r in range(2):
         _assert_same(one, two[r][0], f"cuda rank {r} of 2", tolerance=100)
+
+
+def test_a_non_finite_step_is_skipped_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    seqs = [dataclasses.replace(s, advantages=s.advantages * float("nan")) for s in _seqs()]
+    w = PolicyWorker(_config(), _wcfg(kl_coef=0.0, entropy_coef=0.0))
+    before = {n: p.full_tensor().clone() for n, p in w.model.named_parameters()}
+    with caplog.at_level("WARNING", logger="agentloop.trainers.worker"):
+        metrics = w.train_step(seqs)
+    assert metrics["step_skipped"] == 1.0
+    assert "train step 1 skipped" in caplog.text and "non-finite" in caplog.text
+    for n, p in w.model.named_parameters():
+        assert torch.equal(p.full_tensor(), before[n]), f"{n} changed on a skipped step"
