@@ -199,13 +199,22 @@ CALC_USER = ScriptedUser(
 )
 
 
+#: The skeptical user: asks the question outright, then makes the policy check its answer.
+CALC_DOUBLE_CHECK_USER = ScriptedUser(
+    replies=("Are you sure? Check it once more, then answer as \\boxed{{number}}.",) * 4
+)
+
+
 def calc_user_env(
     *,
     digits: int = 2,
     sandbox: Sandbox | str = "local",
     max_user_turns: int = 2,
-    user: UserSimulator = CALC_USER,
+    double_check: bool = False,
 ) -> UserSimEnv:
-    """``agentloop/CalcUser-v0``: Calc-v0 behind a user who holds the question back until
-    asked, and asks for a boxed answer if the reply has none; scored by Calc's reward."""
+    """``agentloop/CalcUser-v0``: Calc-v0 behind a simulated user, scored by Calc's reward.
+    By default the user holds the question back until the policy replies, and asks for a boxed
+    answer if the reply has none (:data:`CALC_USER`); ``double_check``: the user asks outright
+    and answers every reply with "are you sure?" (:data:`CALC_DOUBLE_CHECK_USER`)."""
+    user = CALC_DOUBLE_CHECK_USER if double_check else CALC_USER
     return UserSimEnv(CalcEnv(digits=digits, sandbox=sandbox), user, max_user_turns=max_user_turns)

