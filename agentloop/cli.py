@@ -162,6 +162,13 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
     add("--pass-threshold", type=float, default=1.0, help="reward counted as a pass (default: 1)")
+    add(
+        "--max-failed-share",
+        type=float,
+        default=0.5,
+        help="exit 1 when more than this share of episodes failed (engine_error, env_error, "
+        "tool_fatal, timeout; default: 0.5)",
+    )
     add("--resume", action="store_true", help="continue an interrupted run in --out")
     add("--quiet", action="store_true", help="no progress bar")
     add("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two runs (paired test)")
@@ -214,9 +221,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if not 0.0 <= args.max_failed_share <= 1.0:
+        raise ConfigError(f"--max-failed-share must be in [0, 1], got {args.max_failed_share}")
     summary = run_eval(config, progress=not args.quiet)
     print_summary(summary)
     print(f"wrote {config.out}/trajectories.jsonl and {config.out}/summary.json")
+    if summary.failed_share > args.max_failed_share:
+        reasons = ", ".join(f"{k} {v}" for k, v in summary.stop_reasons.items())
+        first = "; ".join(f"{k}: {v}" for k, v in summary.errors.items())
+        print(
+            f"agentloop eval: error: {summary.failed} of {summary.episodes} episodes failed "
+            f"({summary.failed_share:.0%} > --max-failed-share {args.max_failed_share:g}); "
+            f"stop reasons: {reasons}; first errors: {first}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -197,6 +197,7 @@ async def eval_async(
     from transformers import AutoTokenizer
 
     env = make(config.env, **config.env_kwargs)
+    await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors
     builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
@@ -237,7 +238,11 @@ async def eval_async(
         tokens_per_s=tokens / gen_s if pending and gen_s > 0 else None,
         elapsed_s=elapsed,
     )
-    _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), "config_parts": parts})
+    from agentloop.sandboxes.remote_pool import pool_stats
+
+    pools = [p.to_dict() for p in pool_stats()]  # per-server sandbox metrics, if a pool was used
+    extra = {"config_parts": parts, **({"sandbox_pools": pools} if pools else {})}
+    _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), **extra})
     return summary
 
 

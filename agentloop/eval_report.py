@@ -73,6 +73,15 @@ class EvalSummary:
     tokens_per_s: float | None
     elapsed_s: float
 
+    @property
+    def failed(self) -> int:
+        """Episodes that ended in an error stop reason (engine, env, tool-fatal, timeout)."""
+        return sum(n for r, n in self.stop_reasons.items() if StopReason(r).is_error)
+
+    @property
+    def failed_share(self) -> float:
+        return self.failed / self.episodes if self.episodes else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["pass_at_k"] = {str(k): v for k, v in self.pass_at_k.items()}

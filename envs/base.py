@@ -61,6 +61,8 @@ class Env(abc.ABC):
       scored. ``truncated``: the env's own limit cut it.
     - ``await close()`` releases per-episode resources (tool sessions); it is called on every exit
       path, including cancellation, and must be safe to call twice.
+    - ``await preflight()`` checks the services the env needs (sandbox servers, ...) once, before
+      the first episode of an eval or training run; it raises a clear error naming what is wrong.
     - ``tool_schemas`` are the OpenAI-style function schemas the chat template shows the model.
     - ``tasks(split, limit)`` lists the env's dataset, for training and offline evaluation.
     - ``answer_hook()`` says how to read the final answer for majority voting (None: the env
@@ -86,6 +88,9 @@ class Env(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release per-episode resources. Default: nothing to release."""
+
+    async def preflight(self) -> None:  # noqa: B027 - optional hook, nothing to check by default
+        """Check the env's services before the first episode. Default: nothing to check."""
 
     def tasks(self, split: str = "train", limit: int | None = None) -> Sequence[Task]:
         raise EnvError(

@@ -10,7 +10,7 @@ from agentloop.envs.base import AnswerHook
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.tool_env import ToolEnv
 from agentloop.errors import EnvError
-from agentloop.sandboxes import Sandbox
+from agentloop.sandboxes import Sandbox, SandboxConfig
 from agentloop.tools.code_interpreter import code_interpreter_tool
 from agentloop.tools.tool import Tool
 from agentloop.types import Message, Task
@@ -80,10 +80,21 @@ def calc_reward(task: Task, messages: Sequence[Message]) -> Reward:
     )
 
 
-def calc_tool(sandbox: Sandbox | str = "local") -> Tool:
-    """Calc's ``python`` tool: the code interpreter in ``sandbox`` (an instance, or a backend
-    name whose per-event-loop shared sandbox is used), one session per episode."""
-    return code_interpreter_tool(sandbox, timeout_s=TOOL_TIMEOUT_S, name=TOOL_NAME)
+def calc_tool(
+    sandbox: Sandbox | SandboxConfig = "local",
+    *,
+    max_concurrency: int | None = None,
+    rate_limit_per_s: float | None = None,
+) -> Tool:
+    """Calc's ``python`` tool: the code interpreter in ``sandbox`` (an instance, or a setting
+    whose per-event-loop shared sandbox is used), one session per episode."""
+    return code_interpreter_tool(
+        sandbox,
+        timeout_s=TOOL_TIMEOUT_S,
+        name=TOOL_NAME,
+        max_concurrency=max_concurrency,
+        rate_limit_per_s=rate_limit_per_s,
+    )
 
 
 class CalcEnv(ToolEnv):
@@ -94,15 +105,25 @@ class CalcEnv(ToolEnv):
     loop's shared ``local`` bubblewrap sandbox), state persisting across the episode's calls.
     Pass ``sandbox="fake"`` for fast unit tests (unisolated, in-process ``exec``), or a sandbox
     you own (and close) to pick its backend and limits:
-    ``make("agentloop/Calc-v0", sandbox=sb)``.
+    ``make("agentloop/Calc-v0", sandbox=sb)``. From a config, ``sandbox`` may also be server URLs
+    or ``{backend: remote, urls: [...], token_env: ...}``: a pool of ``agentloop serve-sandbox``
+    servers. ``tool_max_concurrency`` / ``tool_rate_limit_per_s`` limit the ``python`` calls
+    across every episode of the process.
     """
 
     def __init__(
-        self, *, digits: int = 3, max_turns: int | None = None, sandbox: Sandbox | str = "local"
+        self,
+        *,
+        digits: int = 3,
+        max_turns: int | None = None,
+        sandbox: Sandbox | SandboxConfig = "local",
+        tool_max_concurrency: int | None = None,
+        tool_rate_limit_per_s: float | None = None,
     ) -> None:
-        super().__init__(
-            [calc_tool(sandbox)], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns
+        tool = calc_tool(
+            sandbox, max_concurrency=tool_max_concurrency, rate_limit_per_s=tool_rate_limit_per_s
         )
+        super().__init__([tool], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
         self.digits = digits
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

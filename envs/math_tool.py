@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.task_files import TaskFiles, TaskSchema
 from agentloop.envs.tool_env import ToolEnv
+from agentloop.sandboxes import SandboxConfig
 from agentloop.tools.code_interpreter import code_interpreter_tool
 from agentloop.types import Message, Task
 
@@ -64,22 +65,31 @@ def math_tool_reward(task: Task, messages: Sequence[Message]) -> Reward:
 
 
 class MathToolEnv(ToolEnv):
-    """Math problems with a ``code_interpreter`` tool (Python in ``sandbox``: a backend name whose
-    per-event-loop shared sandbox is used; ``local`` is bubblewrap, ``remote`` the sandbox
-    servers of ``agentloop serve-sandbox``). ``files`` maps split names to task files, e.g.
+    """Math problems with a ``code_interpreter`` tool (Python in ``sandbox``: a setting whose
+    per-event-loop shared sandbox is used; ``local`` is bubblewrap, ``remote`` or
+    ``{backend: remote, urls: [...], token_env: ...}`` a pool of ``agentloop serve-sandbox``
+    servers, see ``sandbox_spec``). ``files`` maps split names to task files, e.g.
     ``{"train": "data/retool/dapo_math_17k.jsonl", "aime2024": "data/retool/aime2024.jsonl"}``.
-    ``tool_timeout_s`` bounds each call."""
+    ``tool_timeout_s`` bounds each call; ``tool_max_concurrency`` and ``tool_rate_limit_per_s``
+    limit the calls across every episode of the process."""
 
     def __init__(
         self,
         *,
         files: Mapping[str, str] | None = None,
-        sandbox: str = "local",
+        sandbox: SandboxConfig = "local",
         tool_timeout_s: float = 30.0,
         max_turns: int | None = None,
         system_prompt: str = SYSTEM_PROMPT,
+        tool_max_concurrency: int | None = None,
+        tool_rate_limit_per_s: float | None = None,
     ) -> None:
-        tool = code_interpreter_tool(sandbox, timeout_s=tool_timeout_s)
+        tool = code_interpreter_tool(
+            sandbox,
+            timeout_s=tool_timeout_s,
+            max_concurrency=tool_max_concurrency,
+            rate_limit_per_s=tool_rate_limit_per_s,
+        )
         super().__init__([tool], math_tool_reward, system_prompt=system_prompt, max_turns=max_turns)
         self.files = TaskFiles(files, MATH_SCHEMA, "agentloop/MathTool-v0")
 

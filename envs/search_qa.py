@@ -298,7 +298,8 @@ def _local_retriever() -> Retriever:
 class SearchQAEnv(ToolEnv):
     """Multi-hop questions; ``search`` queries ``retriever``: a :class:`Retriever`, the URL of a
     retrieval server (``agentloop serve-search``), or by default ``$AGENTLOOP_SEARCH_URL`` if
-    set, else an in-process BM25 index over the shipped corpus."""
+    set, else an in-process BM25 index over the shipped corpus. ``tool_max_concurrency`` and
+    ``tool_rate_limit_per_s`` limit ``search`` calls across every episode of the process."""
 
     def __init__(
         self,
@@ -306,10 +307,19 @@ class SearchQAEnv(ToolEnv):
         retriever: Retriever | str | None = None,
         max_turns: int | None = None,
         max_chars: int = 1200,
+        tool_max_concurrency: int | None = None,
+        tool_rate_limit_per_s: float | None = None,
     ) -> None:
         if retriever is None:
             retriever = os.environ.get(SEARCH_URL_ENV) or _local_retriever()
-        tools = [search_tool(retriever, max_chars=max_chars)]
+        tools = [
+            search_tool(
+                retriever,
+                max_chars=max_chars,
+                max_concurrency=tool_max_concurrency,
+                rate_limit_per_s=tool_rate_limit_per_s,
+            )
+        ]
         super().__init__(tools, searchqa_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

@@ -72,7 +72,9 @@ def search_r1_reward(task: Task, messages: Sequence[Message]) -> Reward:
 class SearchR1Env(ToolEnv):
     """QA tasks from task files (``files``: split name → task file) with ``search(query, topk)``
     over ``retriever``: a retrieval server URL (default ``$AGENTLOOP_SEARCH_URL``) or a
-    :class:`Retriever`. ``max_chars`` bounds the passages' text per call."""
+    :class:`Retriever`. ``max_chars`` bounds the passages' text per call;
+    ``tool_max_concurrency`` and ``tool_rate_limit_per_s`` limit ``search`` calls across every
+    episode of the process."""
 
     def __init__(
         self,
@@ -82,6 +84,8 @@ class SearchR1Env(ToolEnv):
         max_chars: int = 1500,
         max_turns: int | None = None,
         system_prompt: str = SYSTEM_PROMPT,
+        tool_max_concurrency: int | None = None,
+        tool_rate_limit_per_s: float | None = None,
     ) -> None:
         retriever = retriever or os.environ.get(SEARCH_URL_ENV)
         if not retriever:
@@ -90,7 +94,14 @@ class SearchR1Env(ToolEnv):
                 f"(data.env_kwargs.retriever) or ${SEARCH_URL_ENV}, e.g. http://127.0.0.1:8000 "
                 "after `agentloop serve-search --corpus wiki-18.jsonl --index idx/`"
             )
-        tools = [search_tool(retriever, max_chars=max_chars)]
+        tools = [
+            search_tool(
+                retriever,
+                max_chars=max_chars,
+                max_concurrency=tool_max_concurrency,
+                rate_limit_per_s=tool_rate_limit_per_s,
+            )
+        ]
         super().__init__(tools, search_r1_reward, system_prompt=system_prompt, max_turns=max_turns)
         self.files = TaskFiles(files, QA_SCHEMA, "agentloop/SearchR1-v0")
 

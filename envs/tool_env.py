@@ -97,6 +97,12 @@ class ToolEnv(Env):
             return await self._finish(terminated=False, tool_results=results)
         return StepResult(observation, 0.0, False, False, tool_results=results)
 
+    async def preflight(self) -> None:
+        """Run each tool's ``preflight`` (the code interpreter starts its sandbox)."""
+        for t in self.toolset:
+            if t.preflight is not None:
+                await t.preflight()
+
     async def close(self) -> None:
         cm, self._session_cm, self._session = self._session_cm, None, None
         if cm is not None:

@@ -8,7 +8,8 @@
 
 Backends are registered by name and imported lazily: ``local`` (default), ``docker``, ``remote``,
 ``fake`` and the explicit, unisolated ``subprocess_unsafe``. ``shared_sandbox(name)`` gives the
-running event loop's shared instance (what the code-interpreter tool uses by default).
+running event loop's shared instance (what the code-interpreter tool uses by default);
+``sandbox_spec`` reads a ``sandbox:`` setting (a name, server URLs, or a backend with options).
 """
 
 from __future__ import annotations
@@ -26,24 +27,28 @@ from .base import (
 )
 from .fake import FakeSandbox
 from .shared import shared_sandbox
+from .spec import SandboxConfig, SandboxSpec, sandbox_spec
 
 __all__ = [
     "LANGUAGES",
     "ExecResult",
     "FakeSandbox",
     "Sandbox",
+    "SandboxConfig",
     "SandboxFactory",
     "SandboxLimits",
     "SandboxSession",
+    "SandboxSpec",
     "available_sandboxes",
     "make_sandbox",
     "register_sandbox",
+    "sandbox_spec",
     "shared_sandbox",
 ]
 
 register_sandbox("local", "agentloop.sandboxes.local:LocalSandbox")
 register_sandbox("docker", "agentloop.sandboxes.docker:DockerSandbox")
-register_sandbox("remote", "agentloop.sandboxes.remote:RemoteSandbox")
+register_sandbox("remote", "agentloop.sandboxes.remote_pool:RemotePool")
 register_sandbox(
     "subprocess_unsafe", "agentloop.sandboxes.subprocess_unsafe:UnsafeSubprocessSandbox"
 )

@@ -15,9 +15,14 @@ from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, SandboxLimits, check_code, check_files, encode_files
 
-__all__ = ["RemoteSandbox", "RemoteSession"]
+__all__ = ["RemoteSandbox", "RemoteSession", "ServerUnreachable"]
 
 _RETRY_STATUSES = (429, 503)  # back-pressure and draining: the request did not run
+
+
+class ServerUnreachable(SandboxError):
+    """The sandbox server could not be reached, or dropped the connection mid-request (it is
+    down, crashed or restarted): a pool routes new sessions elsewhere."""
 
 
 class RemoteSandbox:
@@ -120,14 +125,15 @@ class RemoteSandbox:
                     status, retry_after = resp.status, resp.headers.get("Retry-After")
             except aiohttp.ClientConnectorError as exc:
                 if attempt >= self.retries:
-                    raise SandboxError(
+                    raise ServerUnreachable(
                         f"cannot connect to sandbox server {base} after {attempt + 1} tries: "
                         f"{exc}; is `agentloop serve-sandbox` running there?"
                     ) from None
                 await asyncio.sleep(min(self.backoff_s * 2**attempt, max(0.0, left)))
                 continue
             except (aiohttp.ClientError, ValueError) as exc:
-                raise SandboxError(
+                fail = ServerUnreachable if isinstance(exc, aiohttp.ClientError) else SandboxError
+                raise fail(
                     f"sandbox server {base} failed mid-request ({type(exc).__name__}: {exc}); "
                     "it may have crashed or restarted"
                 ) from None
@@ -159,7 +165,7 @@ class RemoteSandbox:
                 return ExecResult.from_dict(
                     await self._request("POST", base, "/v1/run", body, deadline)
                 )
-            except SandboxError as exc:
+            except ServerUnreachable as exc:
                 if i == len(order) - 1 or "cannot connect" not in str(exc):
                     raise
         raise AssertionError("unreachable")

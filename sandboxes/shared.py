@@ -6,15 +6,16 @@ import asyncio
 import weakref
 from collections.abc import AsyncGenerator
 
-from .base import Sandbox, make_sandbox
+from .base import Sandbox
+from .spec import SandboxConfig, SandboxSpec, sandbox_spec
 
-__all__ = ["shared_sandbox"]
+__all__ = ["shared_sandbox", "shared_sandboxes"]
 
-# Per loop: backend name -> (sandbox, the keeper generator that closes it). Sandboxes hold
-# asyncio resources (subprocess transports, locks) that belong to the loop that made them, so a
-# new loop (each ``asyncio.run``) gets its own.
+# Per loop: spec (backend and options) -> (sandbox, the keeper generator that closes it).
+# Sandboxes hold asyncio resources (subprocess transports, locks) that belong to the loop that
+# made them, so a new loop (each ``asyncio.run``) gets its own.
 _SHARED: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[str, tuple[Sandbox, AsyncGenerator[None, None]]]
+    asyncio.AbstractEventLoop, dict[SandboxSpec, tuple[Sandbox, AsyncGenerator[None, None]]]
 ] = weakref.WeakKeyDictionary()
 
 
@@ -29,8 +30,16 @@ async def _keeper(sandbox: Sandbox) -> AsyncGenerator[None, None]:
         await sandbox.close()
 
 
-async def shared_sandbox(backend: str = "local") -> Sandbox:
-    """The sandbox ``make_sandbox(backend)`` shared by every caller on the running event loop.
+def shared_sandboxes() -> list[Sandbox]:
+    """The shared sandboxes made on the running event loop (for their metrics)."""
+    return [sandbox for sandbox, _ in _SHARED.get(asyncio.get_running_loop(), {}).values()]
+
+
+async def shared_sandbox(backend: SandboxConfig = "local") -> Sandbox:
+    """The sandbox ``backend`` names shared by every caller on the running event loop.
+
+    ``backend`` is a backend name, server URLs or a backend with its options (see
+    :func:`~agentloop.sandboxes.spec.sandbox_spec`); equal settings share one sandbox.
 
     Built and started on first use (a failed start is retried by the next call), it serves many
     episodes at once — each opens its own session — and is closed when the loop shuts down
@@ -39,11 +48,12 @@ async def shared_sandbox(backend: str = "local") -> Sandbox:
     """
     loop = asyncio.get_running_loop()
     per_loop = _SHARED.setdefault(loop, {})
-    entry = per_loop.get(backend)
+    spec = sandbox_spec(backend)
+    entry = per_loop.get(spec)
     if entry is None:
-        sandbox = make_sandbox(backend)
+        sandbox = spec.build()
         keeper = _keeper(sandbox)
-        per_loop[backend] = entry = (sandbox, keeper)  # the dict keeps the generator alive
+        per_loop[spec] = entry = (sandbox, keeper)  # the dict keeps the generator alive
         await keeper.__anext__()  # runs to its ``yield``: the loop now tracks it
     sandbox = entry[0]
     await sandbox.start()

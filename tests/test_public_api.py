@@ -38,7 +38,7 @@ PUBLIC = {
     "agentloop.sandboxes": {
         "ExecResult", "FakeSandbox", "LANGUAGES", "Sandbox", "SandboxFactory", "SandboxLimits",
         "SandboxSession", "available_sandboxes", "make_sandbox", "register_sandbox",
-        "shared_sandbox",
+        "shared_sandbox", "SandboxConfig", "SandboxSpec", "sandbox_spec",
     },
     "agentloop.trainers": {"SFTConfig", "TrainConfig", "load_config", "run_sft", "train"},
 }  # fmt: skip

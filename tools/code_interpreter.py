@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentloop.errors import ConfigError, SandboxError, ToolError
-from agentloop.sandboxes import ExecResult, Sandbox, available_sandboxes
+from agentloop.sandboxes import ExecResult, Sandbox
 from agentloop.sandboxes.shared import shared_sandbox
+from agentloop.sandboxes.spec import SandboxConfig, SandboxSpec, sandbox_spec
 from agentloop.tools.context import ToolContext
 from agentloop.tools.tool import Tool, tool
 
@@ -43,7 +44,7 @@ def format_exec_result(result: ExecResult, timeout_s: float | None = None) -> st
     return "\n".join(parts) if parts else "(no output; use print() to see values)"
 
 
-def _run_code(sandbox: Sandbox | str, timeout_s: float, key: str) -> Callable[..., Any]:
+def _run_code(sandbox: Sandbox | SandboxSpec, timeout_s: float, key: str) -> Callable[..., Any]:
     async def run_code(code: str, ctx: ToolContext) -> str:
         """Run Python code in a persistent interpreter and see what it prints.
 
@@ -54,7 +55,7 @@ def _run_code(sandbox: Sandbox | str, timeout_s: float, key: str) -> Callable[..
             code: The Python code to run.
         """
         try:
-            box = await shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
+            box = await _open(sandbox)
             await box.start()
             session: Any = await ctx.enter(key, box.session)
             result = await session.run(code, timeout_s=timeout_s)
@@ -65,37 +66,63 @@ def _run_code(sandbox: Sandbox | str, timeout_s: float, key: str) -> Callable[..
     return run_code
 
 
+async def _open(sandbox: Sandbox | SandboxSpec) -> Sandbox:
+    return await shared_sandbox(sandbox) if isinstance(sandbox, SandboxSpec) else sandbox
+
+
+def _preflight(sandbox: Sandbox | SandboxSpec) -> Callable[[], Awaitable[None]]:
+    async def preflight() -> None:
+        box = await _open(sandbox)  # a shared one is started (a remote pool checks its servers)
+        await box.start()
+
+    return preflight
+
+
 # The schema comes from run_code's signature and docstring, the same for every sandbox: build it
 # once and rebind only the function (inspecting a function costs ~1 ms; envs are made per episode).
-_TEMPLATE = tool(name="code_interpreter")(_run_code("local", 30.0, _SESSION_KEY))
+_TEMPLATE = tool(name="code_interpreter")(_run_code(SandboxSpec("local"), 30.0, _SESSION_KEY))
 
 
 def code_interpreter_tool(
-    sandbox: Sandbox | str = "local", *, timeout_s: float = 30.0, name: str = "code_interpreter"
+    sandbox: Sandbox | SandboxConfig = "local",
+    *,
+    timeout_s: float = 30.0,
+    name: str = "code_interpreter",
+    max_concurrency: int | None = None,
+    rate_limit_per_s: float | None = None,
 ) -> Tool:
     """A ``code_interpreter`` tool (named ``name``) running Python in ``sandbox``.
 
-    ``sandbox`` is a started-on-first-use :class:`Sandbox` you own, or a backend name: then the
-    event loop's shared sandbox of that backend is used (``shared_sandbox``; the default is a
-    local bubblewrap sandbox, closed when the loop shuts down). Each episode gets its own session
-    — variables, imports and files persist across the episode's calls and never leak to another
-    episode — which closes with the episode's tool session. Each call may run ``timeout_s``
-    seconds. A sandbox failure becomes an error observation (``ToolError``).
+    ``sandbox`` is a started-on-first-use :class:`Sandbox` you own, or a setting — a backend
+    name, server URLs, or a backend with its options (:func:`~agentloop.sandboxes.sandbox_spec`):
+    then the event loop's shared sandbox of that setting is used (``shared_sandbox``; the default
+    is a local bubblewrap sandbox, closed when the loop shuts down). Each episode gets its own
+    session — variables, imports and files persist across the episode's calls and never leak to
+    another episode — which closes with the episode's tool session. Each call may run ``timeout_s``
+    seconds; ``max_concurrency`` and ``rate_limit_per_s`` limit the calls of tool ``name``
+    across every episode of the process. A sandbox failure becomes an error observation
+    (``ToolError``); the tool's ``preflight`` starts the sandbox (see ``Env.preflight``).
     """
-    if isinstance(sandbox, str):
-        if sandbox not in available_sandboxes():
-            raise ConfigError(
-                f"unknown sandbox backend {sandbox!r}; use one of {available_sandboxes()}"
-            )
+    if isinstance(sandbox, str | Mapping | SandboxSpec):
+        sandbox = sandbox_spec(sandbox)
     elif not hasattr(sandbox, "session"):
         raise ConfigError(
-            f"sandbox must be a Sandbox or a backend name like 'local', got {sandbox!r}"
+            f"sandbox must be a Sandbox, a backend name like 'local', server URLs or a mapping "
+            f"with 'backend', got {sandbox!r}"
         )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     key = f"{_SESSION_KEY}.{name}"  # two interpreter tools in one env keep separate sessions
     fn = _run_code(sandbox, timeout_s, key)
-    return dataclasses.replace(_TEMPLATE, name=name, fn=fn, timeout_s=timeout_s + _GRACE_S)
+    return dataclasses.replace(
+        _TEMPLATE,
+        name=name,
+        fn=fn,
+        timeout_s=timeout_s + _GRACE_S,
+        max_concurrency=max_concurrency,
+        rate_limit_per_s=rate_limit_per_s,
+        preflight=_preflight(sandbox),
+    )
 
 
 #: The default tool: the event loop's shared local bubblewrap sandbox, 30 s per call.

@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from agentloop.errors import ToolError, ToolFatalError
@@ -20,8 +21,12 @@ __all__ = [
     "CANCEL_GRACE_S",
     "STOP_ABANDONED_S",
     "DeadlineExceeded",
+    "RuntimeStats",
+    "SlotHold",
     "ToolLimiter",
     "call_with_deadline",
+    "runtime_stats",
+    "shared_limiter",
 ]
 
 log = logging.getLogger(__name__)
@@ -39,8 +44,47 @@ class DeadlineExceeded(Exception):
     raises itself, which is an ordinary tool exception)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    """Calls abandoned at their deadline whose work has not ended (a sync tool's thread, an async
+    tool that ignored cancellation): ``running`` now, ``total`` since the process started."""
+
+    abandoned_running: int
+    abandoned_total: int
+
+
+_STATS_LOCK = threading.Lock()
+_abandoned = [0, 0]  # running, total
+
+
+def runtime_stats() -> RuntimeStats:
+    """This process's abandoned-call counts (a metric: threads still busy past their deadline)."""
+    with _STATS_LOCK:
+        return RuntimeStats(*_abandoned)
+
+
+def _abandoned_change(running: int, total: int) -> None:
+    with _STATS_LOCK:
+        _abandoned[0] += running
+        _abandoned[1] += total
+
+
+class SlotHold:
+    """What ``ToolLimiter.slot()`` yields: ``keep(work)`` makes the slot outlive the call until
+    ``work`` (an abandoned call's thread or task) really ends."""
+
+    __slots__ = ("until",)
+
+    def __init__(self) -> None:
+        self.until: asyncio.Future[Any] | None = None
+
+    def keep(self, work: asyncio.Future[Any]) -> None:
+        self.until = work
+
+
 class ToolLimiter:
-    """Per-tool limits shared by every session and episode that uses the same ``Tool`` object.
+    """Per-tool limits shared by every session and episode that uses a tool of this name (see
+    :func:`shared_limiter`).
 
     ``max_concurrency`` is a semaphore. asyncio primitives bind to the loop that first uses them,
     so there is one semaphore per running event loop (tests, threads and Ray actors may run
@@ -84,24 +128,67 @@ class ToolLimiter:
                 delay = self._next_start - now
             await asyncio.sleep(delay)
 
-    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """Hold a concurrency slot, then wait for the rate limit, for the duration of one call."""
+    def slot(self) -> contextlib.AbstractAsyncContextManager[SlotHold | None]:
+        """Hold a concurrency slot, then wait for the rate limit, for the duration of one call.
+
+        It yields a :class:`SlotHold` (None when the tool is unlimited): pass its ``keep`` to
+        :func:`call_with_deadline` so that a call abandoned at its deadline keeps the slot until
+        its work really ends — ``max_concurrency`` counts running threads, not waiting callers.
+        """
         if self.unlimited:
             return _NO_LIMIT  # the common case costs no generator, lock or semaphore per call
         return self._limited_slot()
 
     @asynccontextmanager
-    async def _limited_slot(self) -> AsyncIterator[None]:
+    async def _limited_slot(self) -> AsyncIterator[SlotHold]:
         sem = self._semaphore()
         if sem is not None:
             await sem.acquire()
+        hold = SlotHold()
         try:
             if self.interval_s:
                 await self._wait_for_rate()
-            yield
+            yield hold
         finally:
             if sem is not None:
-                sem.release()
+                work = hold.until
+                if work is not None and not work.done():
+                    work.add_done_callback(lambda _: sem.release())
+                else:
+                    sem.release()
+
+
+_LIMITERS: dict[tuple[str, int | None, float | None], ToolLimiter] = {}
+_LIMITERS_LOCK = threading.Lock()
+
+
+def shared_limiter(
+    name: str, max_concurrency: int | None, rate_limit_per_s: float | None
+) -> ToolLimiter:
+    """The process's limiter of tool ``name`` with these limits.
+
+    Tools are often rebuilt per env instance (per episode); keyed by name, their limits still
+    hold across every episode of the process. Two tools of one name with different limits get
+    separate limiters (a warning says so).
+    """
+    if max_concurrency is None and not rate_limit_per_s:
+        return ToolLimiter(None, None)  # nothing to share
+    key = (name, max_concurrency, rate_limit_per_s)
+    with _LIMITERS_LOCK:
+        limiter = _LIMITERS.get(key)
+        if limiter is None:
+            others = [k for k in _LIMITERS if k[0] == name]
+            if others:
+                log.warning(
+                    "tool %r is built with max_concurrency=%s, rate_limit_per_s=%s, but also "
+                    "with %s; each setting is limited separately",
+                    name,
+                    max_concurrency,
+                    rate_limit_per_s,
+                    [k[1:] for k in others],
+                )
+            limiter = _LIMITERS[key] = ToolLimiter(max_concurrency, rate_limit_per_s)
+        return limiter
 
 
 def _consume_result(fut: asyncio.Future[Any]) -> None:
@@ -112,8 +199,9 @@ def _consume_result(fut: asyncio.Future[Any]) -> None:
 
 def _start_thread(
     loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str
-) -> asyncio.Future[Any]:
-    """Run ``fn(**kwargs)`` on a fresh daemon thread; its outcome lands in the returned future.
+) -> tuple[asyncio.Future[Any], asyncio.Future[None]]:
+    """Run ``fn(**kwargs)`` on a fresh daemon thread: its outcome lands in the first future, the
+    second is done when the thread ends (also after the first was cancelled).
 
     Not ``asyncio.to_thread``: the default executor has few workers (cores + 4), so sync tools
     that hang past their timeout would fill it and stall every later sync tool, and
@@ -121,9 +209,12 @@ def _start_thread(
     itself.
     """
     fut: asyncio.Future[Any] = loop.create_future()
+    ended: asyncio.Future[None] = loop.create_future()
     ctx = contextvars.copy_context()
 
     def deliver(ok: bool, value: Any) -> None:
+        if not ended.done():
+            ended.set_result(None)
         if fut.done():
             return
         if ok:
@@ -142,7 +233,7 @@ def _start_thread(
             loop.call_soon_threadsafe(deliver, *outcome)
 
     threading.Thread(target=target, name=f"agentloop-tool-{name}", daemon=True).start()
-    return fut
+    return fut, ended
 
 
 async def call_with_deadline(
@@ -152,19 +243,23 @@ async def call_with_deadline(
     is_async: bool,
     timeout_s: float,
     name: str,
+    keep: Callable[[asyncio.Future[Any]], None] | None = None,
 ) -> Any:
     """Call the tool function and return its value, or raise ``DeadlineExceeded``.
 
     Async tools run as their own task, cancelled at the deadline (and given ``CANCEL_GRACE_S`` to
     unwind; one that ignores cancellation is abandoned, not awaited forever). Sync tools run on a
-    daemon thread that is abandoned at the deadline (Python cannot kill a thread).
+    daemon thread that is abandoned at the deadline (Python cannot kill a thread). An abandoned
+    call's work is passed to ``keep`` (a :class:`SlotHold`'s: its slot stays taken until the work
+    ends) and counted in :func:`runtime_stats`.
     """
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = (
-        loop.create_task(_contained(fn(**kwargs), name))
-        if is_async
-        else _start_thread(loop, fn, kwargs, name)
-    )
+    ended: asyncio.Future[Any]
+    if is_async:
+        fut: asyncio.Future[Any] = loop.create_task(_contained(fn(**kwargs), name))
+        ended = fut
+    else:
+        fut, ended = _start_thread(loop, fn, kwargs, name)
     # What asyncio.wait({fut}, timeout) does, minus its per-call set, partial and bookkeeping:
     # one waiter woken by the call's end or by the deadline, whichever comes first.
     waiter = loop.create_future()
@@ -185,6 +280,11 @@ async def call_with_deadline(
     if not finished:
         if is_async:
             await asyncio.wait({fut}, timeout=CANCEL_GRACE_S)
+        if not ended.done():
+            _abandoned_change(1, 1)
+            ended.add_done_callback(lambda _: _abandoned_change(-1, 0))
+            if keep is not None:
+                keep(ended)
         raise DeadlineExceeded(f"tool {name!r} timed out after {timeout_s}s")
     return fut.result()
 

@@ -207,12 +207,16 @@ def search_tool(
     max_chars: int = 1200,
     timeout_s: float = 30.0,
     name: str = "search",
+    max_concurrency: int | None = None,
+    rate_limit_per_s: float | None = None,
 ) -> Tool:
     """A ``search(query, topk=3)`` tool over ``retriever`` (a :class:`Retriever`, or the URL of
     a retrieval server, wrapped in an :class:`HttpRetriever`).
 
     The passages are formatted to at most ``max_chars`` characters (every passage keeps its
     share), so they fit the rollout's tool-output budget without losing whole passages.
+    ``max_concurrency`` and ``rate_limit_per_s`` limit the calls of tool ``name`` across every
+    episode of the process (protect a shared retrieval service).
     """
     if isinstance(retriever, str):
         retriever = HttpRetriever(retriever)
@@ -224,4 +228,11 @@ def search_tool(
             "max_topk >= 1 and max_chars >= 100"
         )
     fn = _search(retriever, max_topk, max_chars)
-    return dataclasses.replace(_TEMPLATE, name=name, fn=fn, timeout_s=timeout_s)
+    return dataclasses.replace(
+        _TEMPLATE,
+        name=name,
+        fn=fn,
+        timeout_s=timeout_s,
+        max_concurrency=max_concurrency,
+        rate_limit_per_s=rate_limit_per_s,
+    )

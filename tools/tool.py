@@ -7,14 +7,14 @@ import importlib
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 import pydantic
 
 from agentloop.errors import ToolError
-from agentloop.tools.runtime import ToolLimiter
+from agentloop.tools.runtime import ToolLimiter, shared_limiter
 from agentloop.tools.schema import bind_arguments, inspect_function, signature_text
 
 __all__ = ["Tool", "tool"]
@@ -29,8 +29,12 @@ class Tool:
     Build one with ``@tool``. Calling the ``Tool`` calls the function unchanged (handy in tests);
     the dispatcher instead validates JSON arguments with ``bind_arguments`` first.
 
-    ``max_concurrency`` and ``rate_limit_per_s`` are shared by every session and episode that uses
-    this ``Tool`` object. ``context_param`` names the parameter that receives the episode's
+    ``max_concurrency`` and ``rate_limit_per_s`` hold for the tool's *name* across the process:
+    every session and episode, and every ``Tool`` of that name and limits (tools rebuilt per env
+    instance share them). A call abandoned at its deadline keeps its slot until it ends.
+    ``preflight`` (optional) checks the services the tool needs once, before the first episode
+    (``Env.preflight``): e.g. the code interpreter starts its sandbox, whose servers are checked.
+    ``context_param`` names the parameter that receives the episode's
     ``ToolContext`` (``None`` if the function takes none).
     """
 
@@ -43,6 +47,7 @@ class Tool:
     rate_limit_per_s: float | None = None
     context_param: str | None = None
     arguments_model: type[pydantic.BaseModel] | None = field(default=None, repr=False)
+    preflight: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     limiter: ToolLimiter = field(init=False, repr=False)
     _is_async: bool = field(init=False, repr=False)  # asked on every call: inspect once
 
@@ -75,7 +80,7 @@ class Tool:
                 f"tool {self.name!r}: rate_limit_per_s={rate!r}; use a number > 0 "
                 "or None (no limit)"
             )
-        object.__setattr__(self, "limiter", ToolLimiter(limit, rate))
+        object.__setattr__(self, "limiter", shared_limiter(self.name, limit, rate))
         object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
 
     @property

@@ -15,7 +15,12 @@ from typing import Any
 
 from agentloop.errors import ToolError, ToolFatalError, did_you_mean
 from agentloop.tools.context import ToolContext
-from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded, call_with_deadline
+from agentloop.tools.runtime import (
+    CANCEL_GRACE_S,
+    DeadlineExceeded,
+    SlotHold,
+    call_with_deadline,
+)
 from agentloop.tools.tool import Tool
 from agentloop.types import Message, ToolCall
 
@@ -202,15 +207,23 @@ class ToolSession:
             kwargs[t.context_param] = self.context
         if parallel is _UNBOUNDED and t.limiter.unlimited:  # the common call: no async-with
             return await _call(t, kwargs)
-        async with t.limiter.slot(), parallel:
-            return await _call(t, kwargs)
+        async with t.limiter.slot() as hold, parallel:
+            return await _call(t, kwargs, hold)
 
 
-async def _call(t: Tool, kwargs: dict[str, Any]) -> tuple[str | ToolOutput, ToolErrorKind | None]:
-    """Run the tool under its deadline; every failure but ``ToolFatalError`` becomes a result."""
+async def _call(
+    t: Tool, kwargs: dict[str, Any], hold: SlotHold | None = None
+) -> tuple[str | ToolOutput, ToolErrorKind | None]:
+    """Run the tool under its deadline; every failure but ``ToolFatalError`` becomes a result.
+    A call abandoned at its deadline keeps ``hold``'s slot until its work really ends."""
     try:
         value = await call_with_deadline(
-            t.fn, kwargs, is_async=t.is_async, timeout_s=t.timeout_s, name=t.name
+            t.fn,
+            kwargs,
+            is_async=t.is_async,
+            timeout_s=t.timeout_s,
+            name=t.name,
+            keep=hold.keep if hold is not None else None,
         )
     except ToolFatalError:
         raise

@@ -272,6 +272,14 @@ class TrainerConfig:
     """N > 0 (``placement=ray``): run the engines in N separate rollout actors
     (disaggregated), the weights pushed from trainer rank 0 over a collective group (gloo on
     CPU, NCCL on GPU); 0: an engine colocated with every trainer worker."""
+    max_failed_steps: int = 3
+    """Stop the run with an error after this many consecutive steps whose rollouts all failed
+    (an error stop reason, or tool calls that all failed with ``tool_exception``/``timeout``: a
+    dead sandbox, search service or engine; episodes that called no tool are not counted either
+    way); 0: never stop."""
+    tool_error_warn_rise: float = 0.25
+    """Warn when a step's tool-error rate is this much above the run's mean so far (0 to 1;
+    e.g. a sandbox server going down); 0: never warn."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -302,6 +310,12 @@ class TrainerConfig:
                     "rollout_workers",
                     self.rollout_workers >= 0,
                     "must be >= 0 (0: engines colocated with the trainer workers)",
+                ),
+                ("max_failed_steps", self.max_failed_steps >= 0, "must be >= 0 (0: never stop)"),
+                (
+                    "tool_error_warn_rise",
+                    0.0 <= self.tool_error_warn_rise <= 1.0,
+                    "must be in [0, 1] (0: never warn)",
                 ),
             ],
         )

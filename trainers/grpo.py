@@ -30,6 +30,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import make
 from agentloop.errors import ConfigError
+from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
 from agentloop.trainers.checkpoint import RngState, RunState, latest_checkpoint
 from agentloop.trainers.config import (
@@ -41,6 +42,7 @@ from agentloop.trainers.config import (
 )
 from agentloop.trainers.data import PromptSampler, write_step_groups
 from agentloop.trainers.group import WorkerGroup, open_worker_group
+from agentloop.trainers.guards import RunGuard
 from agentloop.trainers.metrics import MetricsLogger, PhaseTimer, mismatch_metrics, rollout_metrics
 from agentloop.trainers.notices import RunNotices
 from agentloop.trainers.packing import TrainSeq, train_seqs
@@ -122,6 +124,7 @@ async def train_async(
         notices.note(message, message)
     model_dir = resolve_model_path(cfg.model.path)
     env = make(cfg.data.env, **cfg.data.env_kwargs)
+    await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
@@ -158,10 +161,18 @@ async def _loop(
         logger.log(0, await _validate(run, 0), advance=False)
     metrics: dict[str, float] = {}
     checkpoint: Path | None = None
+    guard = RunGuard(cfg.trainer.max_failed_steps, cfg.trainer.tool_error_warn_rise)
     for step in range(start + 1, total + 1):
         timer = PhaseTimer()
         busy0 = run.engine.busy_s() if run.engine is not None else 0.0
         metrics, groups = await _step(run, step, timer)
+        trajs = [t for g in groups for t in g.trajectories]
+        metrics.update(guard.check(step, trajs, metrics.get("rollout/tool_error_rate", 0.0)))
+        for i, pool in enumerate(pool_stats()):  # remote sandbox servers used on this loop
+            metrics.update(pool.metrics(f"sandbox{i or ''}"))
+        if guard.should_stop:
+            logger.log(step, metrics)  # the failing steps' metrics are kept
+            raise guard.stop(step, trajs)
         last = step == total
         val_every = cfg.trainer.val_every
         if can_generate and val_every > 0 and (last or _every(val_every, step)):

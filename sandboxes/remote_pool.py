@@ -1,0 +1,365 @@
+"""A pool of sandbox servers: checked at start, sessions spread by load, dead ones routed around."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from agentloop.errors import ConfigError, SandboxError
+
+from .base import ExecResult, SandboxLimits
+from .pool_stats import PoolStats, ServerStats
+from .remote import RemoteSandbox, RemoteSession, ServerUnreachable
+from .shared import shared_sandboxes
+
+__all__ = [
+    "DEFAULT_URL",
+    "TOKEN_ENV",
+    "URLS_ENV",
+    "PoolSession",
+    "PoolStats",
+    "RemotePool",
+    "ServerStats",
+    "pool_stats",
+]
+
+log = logging.getLogger(__name__)
+
+#: Read when no ``urls`` are given: comma-separated base URLs of ``agentloop serve-sandbox``.
+URLS_ENV = "AGENTLOOP_SANDBOX_URLS"
+#: Read when no ``token_env`` is given: the servers' bearer token (never put it in a config).
+TOKEN_ENV = "AGENTLOOP_SANDBOX_TOKEN"
+#: The server address when neither ``urls`` nor ``$AGENTLOOP_SANDBOX_URLS`` names one.
+DEFAULT_URL = "http://127.0.0.1:8080"
+# The id of a session no server has: a DELETE of it answers 404 with a good token, 401 without.
+_PROBE_SESSION = "agentloop-token-probe"
+
+
+class _Server:
+    """A pool's view of one server: its client and counters."""
+
+    def __init__(self, client: RemoteSandbox) -> None:
+        self.client = client
+        self.url = client.urls[0]
+        self.up = True
+        self.active = 0
+        self.opened = 0
+        self.runs = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.down_since = 0.0
+
+    def failed(self, exc: SandboxError) -> None:
+        self.errors += 1
+        self.last_error = str(exc)
+        if isinstance(exc, ServerUnreachable) and self.up:
+            self.up, self.down_since = False, time.monotonic()
+            log.warning("sandbox server %s is down; new sessions go elsewhere: %s", self.url, exc)
+
+    def stats(self) -> ServerStats:
+        return ServerStats(
+            self.url, self.up, self.active, self.opened, self.runs, self.errors, self.last_error
+        )
+
+
+class RemotePool:
+    """The ``remote`` backend: runs code on one or more ``agentloop serve-sandbox`` servers.
+
+    ``urls`` are the servers' base URLs (a list, or one string of comma-separated URLs); without
+    them the URLs come from the environment variable ``urls_env`` (default
+    ``$AGENTLOOP_SANDBOX_URLS``), else :data:`DEFAULT_URL`. The bearer token is read from the
+    environment variable ``token_env`` (default ``$AGENTLOOP_SANDBOX_TOKEN``, if set), so it never
+    sits in a config file; ``token`` passes one directly from Python.
+
+    ``start()`` checks every server (its ``/health`` and the token) and fails naming the one that
+    does not answer or rejects the token. A session goes to the up server with the fewest open
+    sessions and stays there; one-off runs go to the least busy server. A server that cannot be
+    reached is marked down: its sessions' runs raise :class:`SandboxError` naming it (the code
+    interpreter turns that into a tool error) and new sessions go to the others.
+    ``connect_timeout_s``, ``retries``/``backoff_s`` (connection failures only) and ``grace_s``
+    (added to each run's timeout for the request's deadline) set each request's patience;
+    ``health_timeout_s`` bounds the start-up check. A down server is probed again after
+    ``recheck_s`` (at once when no server is up) and takes new sessions once it answers.
+    :meth:`stats` gives per-server metrics.
+    """
+
+    name = "remote"
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None = None,
+        *,
+        urls_env: str | None = None,
+        token: str | None = None,
+        token_env: str | None = None,
+        limits: SandboxLimits | None = None,
+        retries: int = 4,
+        backoff_s: float = 0.1,
+        connect_timeout_s: float = 5.0,
+        grace_s: float = 30.0,
+        health_timeout_s: float = 10.0,
+        recheck_s: float = 10.0,
+    ) -> None:
+        self.urls = _resolve_urls(urls, urls_env)
+        self.token, self.token_source = _resolve_token(token, token_env)
+        for name, value in (
+            ("connect_timeout_s", connect_timeout_s),
+            ("grace_s", grace_s),
+            ("health_timeout_s", health_timeout_s),
+            ("recheck_s", recheck_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"remote sandbox {name} must be a number > 0, got {value!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"remote sandbox retries must be an integer >= 0, got {retries!r}")
+        self.limits = limits or SandboxLimits()
+        self.health_timeout_s = float(health_timeout_s)
+        self.recheck_s = float(recheck_s)
+        self._servers = [
+            _Server(
+                RemoteSandbox(
+                    url,
+                    token=self.token,
+                    limits=self.limits,
+                    retries=retries,
+                    backoff_s=backoff_s,
+                    connect_timeout_s=connect_timeout_s,
+                    grace_s=grace_s,
+                )
+            )
+            for url in self.urls
+        ]
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        """Open the clients and check every server; raises ConfigError naming a bad one."""
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            for server in self._servers:
+                await server.client.start()
+            try:
+                await asyncio.gather(*(self._check(s) for s in self._servers))
+            except BaseException:
+                await self.close()
+                raise
+            self._started = True
+
+    async def _check(self, server: _Server) -> None:
+        url = server.url
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                health = await server.client.health(url)
+        except (SandboxError, TimeoutError) as exc:
+            detail = str(exc) or f"no answer within health_timeout_s={self.health_timeout_s:g}"
+            raise ConfigError(
+                f"sandbox server {url} does not answer ({detail}); check the URL and that "
+                "`agentloop serve-sandbox` runs there"
+            ) from None
+        if health.get("status") not in ("ok", "draining"):
+            raise ConfigError(f"sandbox server {url} is not healthy: {health!r}")
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                await server.client._request(
+                    "DELETE", url, f"/v1/sessions/{_PROBE_SESSION}", None, self.health_timeout_s
+                )
+        except (SandboxError, ConfigError, TimeoutError) as exc:
+            text = str(exc)
+            if " 404:" in text:  # the probe session does not exist: the token was accepted
+                return
+            if " 401:" in text:
+                raise ConfigError(
+                    f"sandbox server {url} rejected the token ({self.token_source}); set the "
+                    "token the server was started with (`agentloop serve-sandbox --token ...`)"
+                ) from None
+            raise ConfigError(f"sandbox server {url} failed the start-up check: {text}") from None
+
+    async def close(self) -> None:
+        self._started = False
+        await asyncio.gather(*(s.client.close() for s in self._servers), return_exceptions=True)
+
+    async def __aenter__(self) -> RemotePool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stats(self) -> PoolStats:
+        """Per-server metrics: up or down, open sessions, sessions opened, runs and errors."""
+        return PoolStats(tuple(s.stats() for s in self._servers))
+
+    async def _revive(self) -> None:
+        """Probe the down servers due for it (all of them when none is up); bring back those that
+        answer their ``/health`` (a restarted server)."""
+        now = time.monotonic()
+        # with none up, probe at once, but at most once a second per server (many sessions ask)
+        wait = min(self.recheck_s, 1.0) if not any(s.up for s in self._servers) else self.recheck_s
+        due = [s for s in self._servers if not s.up and now - s.down_since >= wait]
+        if due:
+            await asyncio.gather(*(self._probe(s) for s in due))
+
+    async def _probe(self, server: _Server) -> None:
+        server.down_since = time.monotonic()
+        for _ in range(2):  # the first try may meet a connection the old server left half-open
+            with contextlib.suppress(SandboxError, TimeoutError):
+                async with asyncio.timeout(self.health_timeout_s):
+                    await server.client._request("GET", server.url, "/health", None, 2.0)
+                server.up = True
+                log.warning("sandbox server %s answers again; it takes new sessions", server.url)
+                return
+
+    async def _by_load(self) -> list[_Server]:
+        await self._revive()
+        up = [s for s in self._servers if s.up]
+        if not up:
+            down = "; ".join(f"{s.url}: {s.last_error}" for s in self._servers)
+            raise SandboxError(f"every sandbox server of the pool is down ({down})")
+        return sorted(up, key=lambda s: s.active)  # stable: ties go to the first listed
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise SandboxError("remote sandbox is not started; use `async with sandbox:`")
+
+    async def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+    ) -> ExecResult:
+        """Run once on the least busy up server; fail over when one cannot be reached."""
+        self._require_started()
+        while True:
+            server = (await self._by_load())[0]
+            server.active += 1
+            try:
+                result = await server.client.run(
+                    code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
+                )
+            except ServerUnreachable as exc:
+                server.failed(exc)
+                if "cannot connect" not in str(exc):  # it may have run: never re-send
+                    raise
+                continue
+            except SandboxError as exc:
+                server.failed(exc)
+                raise
+            finally:
+                server.active -= 1
+            server.runs += 1
+            return result
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[PoolSession]:
+        """A session on the up server with the fewest open sessions; it stays there."""
+        self._require_started()
+        while True:
+            server = (await self._by_load())[0]
+            try:
+                opened = server.client.session()
+                inner = await opened.__aenter__()
+            except ServerUnreachable as exc:  # nothing was opened: try the next server
+                server.failed(exc)
+                continue
+            break
+        server.active += 1
+        server.opened += 1
+        try:
+            yield PoolSession(server, inner)
+        finally:
+            server.active -= 1
+            await opened.__aexit__(None, None, None)  # a DELETE; errors suppressed by the client
+
+
+class PoolSession:
+    """A session of a :class:`RemotePool`, bound to one server; counts its runs and errors."""
+
+    def __init__(self, server: _Server, inner: RemoteSession) -> None:
+        self._server = server
+        self._inner = inner
+        self.id = inner.id
+        self.server = server.url
+
+    async def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+    ) -> ExecResult:
+        server = self._server
+        if not server.up:
+            raise SandboxError(
+                f"sandbox server {server.url} is down ({server.last_error}); this session's "
+                "state is lost with it"
+            )
+        try:
+            result = await self._inner.run(
+                code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
+            )
+        except SandboxError as exc:
+            server.failed(exc)
+            raise
+        server.runs += 1
+        return result
+
+
+def _resolve_urls(urls: str | Sequence[str] | None, urls_env: str | None) -> tuple[str, ...]:
+    source = "urls"
+    if urls is None or (not isinstance(urls, str) and len(urls) == 0):
+        env = urls_env or URLS_ENV
+        value = os.environ.get(env, "").strip()
+        if urls_env is not None and not value:
+            raise ConfigError(
+                f"remote sandbox urls_env={urls_env!r} but ${urls_env} is not set; set it to the "
+                "servers' URLs, e.g. http://10.0.0.5:8080,http://10.0.0.6:8080"
+            )
+        urls, source = (value or DEFAULT_URL), f"${env}"
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    out = tuple(u.strip().rstrip("/") for u in items if isinstance(u, str) and u.strip())
+    bad = [
+        u
+        for u in items
+        if not isinstance(u, str) or not u.strip().startswith(("http://", "https://"))
+    ]
+    if not out or bad:
+        raise ConfigError(
+            f"remote sandbox {source} must be http(s) base URLs like 'http://10.0.0.5:8080', "
+            f"got {urls!r}"
+        )
+    if len(set(out)) != len(out):
+        raise ConfigError(f"remote sandbox {source} lists a server twice: {list(out)}")
+    return out
+
+
+def _resolve_token(token: str | None, token_env: str | None) -> tuple[str | None, str]:
+    """The token and where it came from (for messages; never the token itself)."""
+    if token is not None:
+        return token, "the token passed in"
+    env = token_env or TOKEN_ENV
+    value = os.environ.get(env) or None
+    if token_env is not None and value is None:
+        raise ConfigError(
+            f"remote sandbox token_env={token_env!r} but ${token_env} is not set; export the "
+            "servers' token in it"
+        )
+    return value, f"from ${env}" if value else f"none: ${env} is not set"
+
+
+def pool_stats() -> list[PoolStats]:
+    """The stats of the remote pools shared on the running event loop (``shared_sandbox``)."""
+    return [s.stats() for s in shared_sandboxes() if isinstance(s, RemotePool)]

@@ -1,0 +1,156 @@
+"""`agentloop eval` on a pool of two real `agentloop serve-sandbox` servers: spread, a kill, bad
+settings at start-up; and the eval's exit status when the engine or the sandbox is dead."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sbx_helpers import needs_bwrap
+
+from agentloop.cli import main
+from agentloop.io import read_jsonl
+
+TOKEN = "pool-eval-t0ken"
+ENV = "agentloop/Calc-v0"
+SMALL = ["--max-turns", "3", "--max-response-len", "160", "--max-prompt-len", "512", "--quiet"]
+
+
+def _free_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+class Server:
+    """``agentloop serve-sandbox`` (bubblewrap backend) in a subprocess."""
+
+    def __init__(self, token: str) -> None:
+        argv = [sys.executable, "-m", "agentloop.cli", "serve-sandbox", "--backend", "local",
+                "--port", "0", "--pool-size", "1", "--token", token]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+)\s*$", line)
+        assert found, f"serve-sandbox printed {line!r}"
+        self.url = found.group(1)
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+
+
+def _busy(server: Server) -> bool:
+    """The server holds a live session (an episode is using it)."""
+    return bool(server.health()["sessions"])
+
+
+@pytest.fixture
+def two_servers() -> Iterator[list[Server]]:
+    servers = [Server(TOKEN), Server(TOKEN)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def _eval(model: Path, out: Path, sandbox: Any, *extra: str) -> list[str]:
+    return ["eval", "--env", ENV, "--model", str(model), "--out", str(out), "--engine", "hf",
+            "--env-arg", f"sandbox={json.dumps(sandbox)}", *SMALL, *extra]  # fmt: skip
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_eval_spreads_over_a_pool_and_loses_no_episode_when_a_server_is_killed(
+    two_servers: list[Server], calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    """Sessions go to both servers; killing one mid-run loses no episode: the calls that hit it
+    are tool errors naming it, new sessions go to the other, the eval exits 0."""
+    a, b = two_servers
+    out, tasks, n = tmp_path / "run", 4, 2
+    sandbox = {"backend": "remote", "urls": [a.url, b.url], "token_env": "POOL_EVAL_TOKEN",
+               "retries": 1, "backoff_s": 0.05}  # fmt: skip
+    args = _eval(calc_caller_dir, out, sandbox, "--n", str(n), "--num-tasks", str(tasks),
+                 "--concurrency", "4")  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "POOL_EVAL_TOKEN": TOKEN}
+    argv = [sys.executable, "-m", "agentloop.cli", *args]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    path = out / "trajectories.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        # mid-run: episodes are done and server a holds a live session
+        while not (
+            path.exists() and path.read_bytes().count(b"\n") >= 2 and a.health()["sessions"]
+        ):
+            assert proc.poll() is None, f"eval exited early: {proc.stdout.read()[-3000:]}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the eval made no progress on the pool"
+            time.sleep(0.005)
+        a.proc.send_signal(signal.SIGKILL)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    records = read_jsonl(path)
+    assert sorted((r["task_id"], r["sample_index"]) for r in records) == sorted(
+        (f"calc-test-{t:06d}", i) for t in range(tasks) for i in range(n)
+    )
+    errors = [m["content"] for r in records for m in r["messages"]
+              if m["role"] == "tool" and str(m["content"]).startswith("Error")]  # fmt: skip
+    assert all(a.url in e for e in errors), errors  # only the killed server's calls failed
+    (pool,) = json.loads((out / "summary.json").read_text())["sandbox_pools"]
+    by_url = {s["url"]: s for s in pool["servers"]}
+    assert by_url[a.url]["sessions_opened"] > 0 and by_url[b.url]["sessions_opened"] > 0
+    assert by_url[b.url]["up"] and by_url[b.url]["errors"] == 0
+    assert pool["servers_up"] in (1, 2)  # a is marked down once a call or a new session hit it
+    if errors:
+        assert not by_url[a.url]["up"]
+
+
+@needs_bwrap
+def test_eval_fails_at_start_up_naming_a_wrong_url_or_token(
+    two_servers: list[Server], tiny_model_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    a, b = two_servers
+    dead = _free_url()
+    wrong_url = {"backend": "remote", "urls": [a.url, dead], "token_env": "POOL_EVAL_TOKEN"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POOL_EVAL_TOKEN", TOKEN)
+        assert main(_eval(tiny_model_dir, tmp_path / "r1", wrong_url, "--n", "1")) == 2
+        assert f"sandbox server {dead} does not answer" in capsys.readouterr().err
+        mp.setenv("POOL_EVAL_TOKEN", "not-the-token")
+        wrong_token = {**wrong_url, "urls": [a.url, b.url]}
+        assert main(_eval(tiny_model_dir, tmp_path / "r2", wrong_token, "--n", "1")) == 2
+        err = capsys.readouterr().err
+        assert f"sandbox server {a.url} rejected the token (from $POOL_EVAL_TOKEN)" in err
+        assert "not-the-token" not in err
+    assert not (tmp_path / "r1" / "trajectories.jsonl").exists()  # nothing was played
+
+
+def test_eval_with_a_dead_engine_exits_non_zero_with_the_stop_reasons(
+    tiny_model_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    args = ["eval", "--env", ENV, "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"),
+            "--engine", "openai", "--base-url", _free_url() + "/v1", "--env-arg", "sandbox=fake",
+            "--n", "2", "--num-tasks", "2", *SMALL]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "4 of 4 episodes failed" in err and "stop reasons: engine_error 4" in err, err
+    assert main([*args, "--resume", "--max-failed-share", "1"]) == 0  # the threshold is a flag
