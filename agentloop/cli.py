@@ -103,6 +103,43 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model", required=True, help="local model directory (tokenizer and chat template)")
+    add("--served-model", default="agentloop", help="the model name clients ask for")
+    add("--engine", choices=("auto", "vllm", "hf", "openai"), default="auto", help="as in eval")
+    add("--base-url", help="API root of the OpenAI-compatible server behind (--engine openai)")
+    add("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="as in eval")
+    add("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    add("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    add("--max-turns", type=int, default=8, help="model requests per episode (default: 8)")
+    add("--max-prompt-len", type=int, default=1024, help="first prompt's tokens (default: 1024)")
+    add("--max-response-len", type=int, default=1024, help="tokens after it (default: 1024)")
+    add("--parser", default="hermes", help="tool-call parser (default: hermes)")
+
+
+def _cmd_serve_proxy(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agentloop.proxy.episode import EpisodeLimits
+    from agentloop.proxy.serve import ServeProxyConfig, serve_proxy
+
+    limits = EpisodeLimits(args.max_turns, args.max_prompt_len, args.max_response_len)
+    config = ServeProxyConfig(
+        model=args.model,
+        served_model=args.served_model,
+        engine=args.engine,
+        base_url=args.base_url,
+        engine_args=_key_values(args.engine_arg),
+        host=args.host,
+        port=args.port,
+        limits=limits,
+        parser=args.parser,
+    )
+    asyncio.run(serve_proxy(config))
+    return 0
+
+
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides",
@@ -435,6 +472,12 @@ _COMMANDS: tuple[_Command, ...] = (
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1's POST /retrieve protocol)",
         _add_serve_search,
         _cmd_serve_search,
+    ),
+    _Command(
+        "serve-proxy",
+        "serve a model to agent programs (OpenAI API) and record their episodes token-exactly",
+        _add_serve_proxy,
+        _cmd_serve_proxy,
     ),
     _Command(
         "make-tiny-model",

@@ -12,6 +12,7 @@ from typing import Any
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import Env, make
+from agentloop.envs.agent_env import AgentEnv
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
@@ -76,19 +77,22 @@ async def collect(
     factory = _env_factory(env, env_kwargs or {}, builder)
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(task: Task, index: int) -> Trajectory:
+    async def one(task: Task, index: int) -> list[Trajectory]:
         async with slots:
-            trajectory = await _safe_rollout(factory, engine, builder, task, config, index, seed)
+            trajectories = await _safe_rollout(factory, engine, builder, task, config, index, seed)
         if on_trajectory is not None:
-            on_trajectory(trajectory)
-        return trajectory
+            for trajectory in trajectories:
+                on_trajectory(trajectory)
+        return trajectories
 
     jobs = [one(task, i) for task in tasks for i in range(group_size)]
     running = min(concurrency, len(jobs))
     with _old_heap_frozen(), _young_collections_spaced(_YOUNG_GC_PER_EPISODE * running):
         results = await asyncio.gather(*jobs)
     return [
-        TrajectoryGroup(task, tuple(results[k * group_size : (k + 1) * group_size]))
+        TrajectoryGroup(
+            task, tuple(t for r in results[k * group_size : (k + 1) * group_size] for t in r)
+        )
         for k, task in enumerate(tasks)
     ]
 
@@ -101,12 +105,25 @@ async def _safe_rollout(
     config: RolloutConfig,
     index: int,
     seed: int,
-) -> Trajectory:
+) -> list[Trajectory]:
     """:func:`rollout`, with anything that escapes it (env construction, template errors)
-    recorded as an ``env_error`` trajectory instead of failing the whole batch."""
+    recorded as an ``env_error`` trajectory instead of failing the whole batch. An
+    :class:`AgentEnv` is played by its agent through the proxy: one trajectory per segment."""
     try:
         env = factory()
-        return await rollout(
+        if isinstance(env, AgentEnv):
+            from agentloop.proxy.agent import agent_rollout
+
+            return await agent_rollout(
+                env,
+                engine,
+                builder,
+                task,
+                config,
+                sample_index=index,
+                seed=stable_seed(seed, task.id, index),
+            )
+        trajectory = await rollout(
             env,
             engine,
             builder,
@@ -115,18 +132,21 @@ async def _safe_rollout(
             sample_index=index,
             seed=stable_seed(seed, task.id, index),
         )
+        return [trajectory]
     except Exception as exc:
-        return Trajectory(
-            task_id=task.id,
-            token_ids=(),
-            loss_mask=(),
-            logprobs=(),
-            prompt_len=0,
-            reward=0.0,
-            stop_reason=StopReason.ENV_ERROR,
-            error=f"{type(exc).__name__}: {exc}",
-            sample_index=index,
-        )
+        return [
+            Trajectory(
+                task_id=task.id,
+                token_ids=(),
+                loss_mask=(),
+                logprobs=(),
+                prompt_len=0,
+                reward=0.0,
+                stop_reason=StopReason.ENV_ERROR,
+                error=f"{type(exc).__name__}: {exc}",
+                sample_index=index,
+            )
+        ]
 
 
 @contextlib.contextmanager

@@ -81,3 +81,9 @@ register(
     description="Image questions from task files; image_zoom_in; DeepEyes' reward (tool bonus "
     "only when right).",
 )
+register(
+    "agentloop/Agent-v0",
+    "agentloop.envs.agent_env:AgentEnv",
+    description="Any agent program (env kwarg agent='module:function', an openai SDK client) "
+    "through the token-recording proxy; tasks and reward from tasks_from (default Calc-v0).",
+)

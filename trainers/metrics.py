@@ -88,6 +88,9 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         if any(key in t.metrics for t in trajs):  # an episode cut off before scoring counts as 0
             out["rollout/acc"] = _mean([float(t.metrics.get(key, 0.0)) for t in trajs])
             break
+    firsts = [t for t in trajs if "segments" in t.metrics and not t.metrics["segment_index"]]
+    if firsts:  # proxied agents: an episode of n segments rewrote its history n - 1 times
+        out["rollout/segments_mean"] = _mean([t.metrics["segments"] for t in firsts])
     if any("overlong_penalty" in t.metrics for t in trajs):
         out["rollout/overlong_penalty_mean"] = _mean(
             [t.metrics.get("overlong_penalty", 0.0) for t in trajs]

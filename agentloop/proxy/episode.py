@@ -1,0 +1,450 @@
+"""One proxied episode: token-exact assembly of an agent's requests into trajectory segments.
+
+Each request's conversation is compared, message by message, with what the episode's current
+segment already holds (its messages, the last reply as the model wrote it). A request that only
+appends messages after the last reply extends the segment token-exactly, as the rollout loop
+does: the sampled ids stay as sampled and the new messages are appended as the template's
+token-level suffix (``loss_mask`` 0). Any other request (edited or dropped messages, other
+tools, a first request) starts a new segment from a fresh render; nothing is ever re-tokenized
+into an existing segment. Every segment becomes one :class:`~agentloop.types.Trajectory`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from agentloop.chat import TokenBuilder
+from agentloop.engines.base import SamplingParams
+from agentloop.errors import ConfigError, TemplateError
+from agentloop.proxy.openai_api import AssistantKey, ProxyRequestError, assistant_key
+from agentloop.tools import get_parser
+from agentloop.types import Completion, Message, StopReason, ToolCall, Trajectory, Turn
+
+__all__ = ["Episode", "EpisodeLimits", "EpisodeSampling", "Prepared", "Reply"]
+
+BuilderFor = Callable[[Sequence[object]], TokenBuilder]
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Ceilings of one episode: model requests (``max_turns``), the first prompt's tokens, and
+    tokens after it (``max_response_len``); every segment's context is at most
+    ``max_prompt_len + max_response_len`` tokens."""
+
+    max_turns: int = 8
+    max_prompt_len: int = 1024
+    max_response_len: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_prompt_len", "max_response_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"proxy limit {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def max_context(self) -> int:
+        return self.max_prompt_len + self.max_response_len
+
+
+@dataclass(frozen=True)
+class EpisodeSampling:
+    """How the episode samples. ``fixed`` (training, eval): these values, whatever the agent
+    asks, so the trained policy is the one sampled from; otherwise the request's values win."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    fixed: bool = True
+
+
+@dataclass
+class _Segment:
+    """Token state of one segment (one future trajectory)."""
+
+    tools_key: str
+    token_ids: list[int]
+    prompt_len: int
+    messages: list[Message]
+    text_mode: bool = False  # built from /v1/completions prompts, compared as token ids
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    last_sampled: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        self.loss_mask, self.logprobs = [0] * n, [0.0] * n
+        if self.versions is not None:
+            self.versions = [-1] * n
+
+    def append_observation(self, ids: Sequence[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        if self.versions is not None:
+            self.versions += [-1] * len(ids)
+
+    def append_sample(self, c: Completion) -> None:
+        self.token_ids += c.token_ids
+        self.loss_mask += [1] * len(c.token_ids)
+        self.logprobs += c.logprobs
+        if self.versions is not None:
+            self.versions = self.versions + list(c.versions) if c.versions else None
+        self.last_sampled = c.token_ids
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What to send the engine for one request, and how to commit its answer."""
+
+    segment: _Segment
+    new_segment: bool
+    extra_ids: tuple[int, ...]  # appended to an extended segment before the sample
+    extra_messages: tuple[Message, ...]
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    builder: TokenBuilder
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The parsed answer of one request: raw text, visible content, tool calls (with ids)."""
+
+    text: str
+    content: str
+    calls: tuple[ToolCall, ...]
+    completion: Completion
+
+
+class Episode:
+    """Everything the proxy records for one episode id; requests are served one at a time."""
+
+    def __init__(
+        self,
+        episode_id: str,
+        builder_for: BuilderFor,
+        limits: EpisodeLimits,
+        sampling: EpisodeSampling,
+        *,
+        parser: str = "hermes",
+    ) -> None:
+        self.id = episode_id
+        self.builder_for = builder_for
+        self.limits, self.sampling = limits, sampling
+        self.parser = get_parser(parser)
+        self.lock = asyncio.Lock()  # one request at a time: the assembly is sequential
+        self.segments: list[_Segment] = []
+        self.requests = 0
+        self.limit_hit: StopReason | None = None
+        self._raw: dict[AssistantKey, str] = {}  # wire form of a reply -> what the model wrote
+
+    # -- assembly ----------------------------------------------------------------------------
+    def _count_request(self) -> None:
+        if self.requests >= self.limits.max_turns:
+            self.limit_hit = StopReason.MAX_TURNS
+            raise ProxyRequestError(
+                f"episode {self.id!r} reached its limit of {self.limits.max_turns} model "
+                "requests (max_turns); finish with the answer you have",
+                code="max_turns_exceeded",
+            )
+        self.requests += 1
+
+    def _resolve(self, messages: Sequence[Message | AssistantKey]) -> list[Message]:
+        """Assistant messages back to the model's raw text (a reply the proxy gave) or, for
+        one the agent wrote itself, to the template's tool-call markup."""
+        out = []
+        for i, m in enumerate(messages):
+            if isinstance(m, Message):
+                out.append(m)
+                continue
+            raw = self._raw.get(m)
+            out.append(Message("assistant", raw if raw is not None else _markup(m, i)))
+        return out
+
+    def prepare_chat(
+        self,
+        messages: Sequence[Message | AssistantKey],
+        tools: Sequence[object],
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> Prepared:
+        """The prompt of one chat request: the current segment extended, or a new segment."""
+        self._count_request()
+        resolved = self._resolve(messages)
+        if resolved[-1].role == "assistant":
+            raise ProxyRequestError(
+                "the last message is an assistant message; continuing a reply is not "
+                "supported: end with a user or tool message",
+                param=f"messages[{len(resolved) - 1}]",
+            )
+        tools_key = json.dumps(list(tools), sort_keys=True)
+        builder = self.builder_for(list(tools))
+        seg = self.segments[-1] if self.segments else None
+        if seg is not None and _extends(seg, resolved, tools_key):
+            new = resolved[len(seg.messages) :]
+            assert seg.last_sampled is not None
+            extra = tuple(_observation_ids(builder, new, seg.last_sampled))
+            prompt = seg.token_ids + list(extra)
+            prepared_seg, is_new = seg, False
+        else:
+            prompt = _render(builder, resolved)
+            limit = self.limits.max_prompt_len if not self.segments else self.limits.max_context
+            self._check_len(len(prompt), limit, "the rendered prompt")
+            prepared_seg = _Segment(tools_key, list(prompt), len(prompt), list(resolved))
+            new, extra, is_new = [], (), True
+        return self._prepared(
+            prepared_seg, is_new, extra, new, prompt, builder, max_tokens, temperature, top_p
+        )
+
+    def prepare_text(
+        self,
+        prompt: str | tuple[int, ...],
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> Prepared:
+        """The prompt of one ``/v1/completions`` request, compared as token ids."""
+        self._count_request()
+        builder = self.builder_for([])
+        ids = builder.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        seg = self.segments[-1] if self.segments else None
+        if (
+            seg is not None
+            and seg.text_mode
+            and seg.last_sampled is not None
+            and len(ids) > len(seg.token_ids)
+            and ids[: len(seg.token_ids)] == seg.token_ids
+        ):
+            extra = tuple(ids[len(seg.token_ids) :])
+            return self._prepared(
+                seg, False, extra, [], ids, builder, max_tokens, temperature, top_p
+            )
+        limit = self.limits.max_prompt_len if not self.segments else self.limits.max_context
+        self._check_len(len(ids), limit, "the prompt")
+        new_seg = _Segment("", list(ids), len(ids), [], text_mode=True)
+        return self._prepared(new_seg, True, (), [], ids, builder, max_tokens, temperature, top_p)
+
+    def _check_len(self, n: int, limit: int, what: str) -> None:
+        if n > limit:
+            self.limit_hit = StopReason.CONTEXT_OVERFLOW
+            raise ProxyRequestError(
+                f"{what} has {n} tokens, more than this episode's limit of {limit}; shorten "
+                "the conversation",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    def _prepared(
+        self,
+        seg: _Segment,
+        is_new: bool,
+        extra: tuple[int, ...],
+        new: Sequence[Message],
+        prompt: list[int],
+        builder: TokenBuilder,
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> Prepared:
+        left = self.limits.max_context - len(prompt)
+        if left < 1:
+            self.limit_hit = StopReason.MAX_TOKENS
+            raise ProxyRequestError(
+                f"the context has {len(prompt)} tokens and leaves none to generate (episode "
+                f"limit {self.limits.max_context} = max_prompt_len + max_response_len)",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        s = self.sampling
+        if not s.fixed:
+            s = EpisodeSampling(
+                temperature=s.temperature if temperature is None else float(temperature),
+                top_p=s.top_p if top_p is None else float(top_p),
+                top_k=s.top_k,
+                seed=s.seed,
+            )
+        seed = None if s.seed is None else s.seed * 1009 + self.requests
+        try:
+            sampling = SamplingParams(
+                max_tokens=min(left, max_tokens or left),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                seed=seed,
+                stop_token_ids=builder.stop_token_ids,
+            )
+        except ConfigError as exc:
+            raise ProxyRequestError(str(exc), param="temperature") from exc
+        return Prepared(seg, is_new, extra, tuple(new), prompt, sampling, builder)
+
+    # -- committing an answer ----------------------------------------------------------------
+    def commit(self, p: Prepared, completion: Completion, t0: float) -> Reply:
+        """Record the engine's answer to ``p`` and parse it for the agent."""
+        seg = p.segment
+        if p.new_segment:
+            self.segments.append(seg)
+        else:
+            seg.append_observation(p.extra_ids)
+            seg.messages += p.extra_messages
+            if seg.turns:  # the observation tokens belong to the turn before
+                last = seg.turns[-1]
+                seg.turns[-1] = _with_obs(last, len(p.extra_ids))
+        start = len(seg.token_ids)
+        seg.append_sample(completion)
+        text = p.builder.decode(completion.token_ids)
+        calls, content = self._parse(text)
+        seg.turns.append(
+            Turn(
+                index=len(seg.turns),
+                start=start,
+                completion_tokens=len(completion.token_ids),
+                observation_tokens=0,
+                finish_reason=completion.finish_reason,
+                tool_calls=len(calls),
+                gen_latency_s=time.perf_counter() - t0,
+            )
+        )
+        if not seg.text_mode:
+            seg.messages.append(Message("assistant", text, calls))
+            wire = [
+                {"id": c.id, "function": {"name": c.name, "arguments": dict(c.arguments)}}
+                for c in calls
+            ]
+            self._raw[assistant_key(content, wire)] = text
+        return Reply(text, content, calls, completion)
+
+    def _parse(self, text: str) -> tuple[tuple[ToolCall, ...], str]:
+        """Well-formed calls (with episode-unique ids) and the text around them; a malformed
+        call stays in the visible content, so the agent sees what the model wrote."""
+        good = [c for c in self.parser.parse(text) if c.parse_error is None and c.raw]
+        content = text
+        for c in good:
+            content = content.replace(c.raw, "", 1)
+        n = sum(len(s.turns) for s in self.segments)
+        calls = tuple(
+            ToolCall(c.name, c.arguments, id=f"call_{self.id[-8:]}_{n}_{k}", raw=c.raw)
+            for k, c in enumerate(good)
+        )
+        return calls, content.strip()
+
+    # -- results -----------------------------------------------------------------------------
+    def trajectories(
+        self,
+        task_id: str,
+        *,
+        reward: float,
+        stop_reason: StopReason,
+        error: str | None = None,
+        sample_index: int = 0,
+    ) -> list[Trajectory]:
+        """One trajectory per segment that sampled something (at least one, maybe empty)."""
+        segs = [s for s in self.segments if s.turns]
+        common = {
+            "task_id": task_id,
+            "reward": reward,
+            "stop_reason": stop_reason,
+            "error": error,
+            "sample_index": sample_index,
+        }
+        if not segs:
+            return [
+                Trajectory(
+                    token_ids=(),
+                    loss_mask=(),
+                    logprobs=(),
+                    prompt_len=0,
+                    metrics={"segments": 0.0, "segment_index": 0.0, "turns": 0.0},
+                    **common,
+                )
+            ]
+        return [
+            Trajectory(
+                token_ids=tuple(s.token_ids),
+                loss_mask=tuple(s.loss_mask),
+                logprobs=tuple(s.logprobs),
+                prompt_len=s.prompt_len,
+                turns=tuple(s.turns),
+                messages=tuple(s.messages),
+                versions=tuple(s.versions or ()),
+                metrics=_metrics(s, k, len(segs)),
+                **common,
+            )
+            for k, s in enumerate(segs)
+        ]
+
+
+def _metrics(s: _Segment, k: int, n: int) -> dict[str, float]:
+    return {
+        "turns": float(len(s.turns)),
+        "response_tokens": float(len(s.token_ids) - s.prompt_len),
+        "trained_tokens": float(s.loss_mask.count(1)),
+        "gen_time_s": sum(t.gen_latency_s for t in s.turns),
+        "tool_calls": float(sum(t.tool_calls for t in s.turns)),
+        "segments": float(n),  # > 1: the agent rewrote its history (n - 1 times)
+        "segment_index": float(k),
+    }
+
+
+def _with_obs(turn: Turn, n: int) -> Turn:
+    from dataclasses import replace
+
+    return replace(turn, observation_tokens=turn.observation_tokens + n)
+
+
+def _extends(seg: _Segment, messages: Sequence[Message], tools_key: str) -> bool:
+    """Whether ``messages`` are the segment's conversation plus new non-assistant messages."""
+    n = len(seg.messages)
+    return (
+        not seg.text_mode
+        and seg.last_sampled is not None
+        and seg.tools_key == tools_key
+        and len(messages) > n
+        and all(_same(a, b) for a, b in zip(messages, seg.messages, strict=False))
+        and all(m.role != "assistant" for m in messages[n:])
+    )
+
+
+def _same(a: Message, b: Message) -> bool:
+    """Equal as the template renders them (parsed tool calls live in the raw text)."""
+    return (a.role, a.content, a.tool_call_id, a.name) == (
+        b.role,
+        b.content,
+        b.tool_call_id,
+        b.name,
+    )
+
+
+def _render(builder: TokenBuilder, messages: Sequence[Message]) -> list[int]:
+    try:
+        return builder.prompt_ids(messages)
+    except TemplateError as exc:
+        raise ProxyRequestError(
+            f"the chat template cannot render these messages: {exc}", param="messages"
+        ) from exc
+
+
+def _observation_ids(
+    builder: TokenBuilder, new: Sequence[Message], sampled: Sequence[int]
+) -> list[int]:
+    try:
+        return builder.observation_ids(new, sampled)
+    except TemplateError as exc:
+        raise ProxyRequestError(
+            f"the chat template cannot render the new messages: {exc}", param="messages"
+        ) from exc
+
+
+def _markup(key: AssistantKey, index: int) -> str:
+    """An assistant message the model did not write, in the Hermes/Qwen call markup."""
+    content, calls = key
+    blocks = [
+        f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+        for _, name, args in calls
+    ]
+    return "\n".join([content, *blocks] if content else blocks)

@@ -1,0 +1,303 @@
+"""OpenAI wire format for the proxy: read chat/completions requests, write responses and errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.errors import AgentLoopError
+from agentloop.types import Message, ToolCall
+
+__all__ = [
+    "ChatRequest",
+    "CompletionRequest",
+    "ProxyRequestError",
+    "assistant_key",
+    "chat_response",
+    "chat_stream_chunks",
+    "completion_response",
+    "completion_stream_chunks",
+    "error_body",
+    "parse_chat_request",
+    "parse_completion_request",
+]
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: An assistant message as the agent sends it back: (visible content, ((id, name, args json),...))
+AssistantKey = tuple[str, tuple[tuple[str, str, str], ...]]
+
+
+class ProxyRequestError(AgentLoopError):
+    """A request the proxy refuses; answered with OpenAI's error shape and ``status``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive pickling
+        return (_rebuild, (str(self), self.status, self.param, self.code, self.kind))
+
+
+def _rebuild(message: str, status: int, param: str | None, code: str | None, kind: str) -> Any:
+    return ProxyRequestError(message, status=status, param=param, code=code, kind=kind)
+
+
+def error_body(err: ProxyRequestError) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``, what the openai SDK parses."""
+    return {"error": {"message": str(err), "type": err.kind, "param": err.param, "code": err.code}}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A ``/v1/chat/completions`` request, checked. Assistant messages keep the wire form
+    (``key``) until the episode resolves them to the model's raw text."""
+
+    model: str
+    messages: tuple[Message | AssistantKey, ...]
+    tools: tuple[Mapping[str, Any], ...]
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A ``/v1/completions`` request: the prompt as text or token ids."""
+
+    model: str
+    prompt: str | tuple[int, ...]
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    stream: bool
+    include_usage: bool
+
+
+def _bad(message: str, param: str) -> ProxyRequestError:
+    return ProxyRequestError(message, param=param)
+
+
+def _common(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", "body")
+    if not isinstance(body.get("model"), str):
+        raise _bad("'model' is required: a model name from GET /v1/models", "model")
+    if body.get("n", 1) != 1:
+        raise _bad(f"n={body['n']} is not supported: send one request per sample", "n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise _bad(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None and not isinstance(body[name], int | float):
+            raise _bad(f"{name} must be a number, got {body[name]!r}", name)
+    options = body.get("stream_options") or {}
+    return {
+        "model": body["model"],
+        "max_tokens": max_tokens,
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "stream": bool(body.get("stream")),
+        "include_usage": bool(isinstance(options, dict) and options.get("include_usage")),
+    }
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Check a chat request; errors name the offending field (``messages[2].tool_calls``)."""
+    common = _common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list of chat messages", "messages")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools
+    ):
+        raise _bad("'tools' must be a list of {type: function, function: {...}}", "tools")
+    parsed = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages))
+    return ChatRequest(messages=parsed, tools=tuple(tools), **common)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    """Check a completions request: ``prompt`` is one string or one list of token ids."""
+    common = _common(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        return CompletionRequest(prompt=tuple(prompt), **common)
+    if isinstance(prompt, str) and prompt:
+        return CompletionRequest(prompt=prompt, **common)
+    raise _bad("'prompt' must be a non-empty string or a list of token ids (one prompt)", "prompt")
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(f"{where}.content[{j}] is a {kind!r} part; only text parts", where)
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise _bad(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def _message(m: Any, where: str) -> Message | AssistantKey:
+    if not isinstance(m, dict):
+        raise _bad(f"{where} must be an object with 'role' and 'content'", where)
+    role = m.get("role")
+    content = _text(m.get("content"), where)
+    if role == "tool":
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise _bad(f"{where} (role tool) needs 'tool_call_id'", f"{where}.tool_call_id")
+        return Message("tool", content, tool_call_id=call_id, name=m.get("name"))
+    if role == "assistant":
+        return assistant_key(content, m.get("tool_calls") or [], where)
+    if role not in _ROLES:
+        raise _bad(
+            f"{where}.role {role!r} is not one of system, developer, user, assistant, tool",
+            f"{where}.role",
+        )
+    return Message(_ROLES[role], content)  # type: ignore[arg-type]
+
+
+def assistant_key(content: str, calls: Sequence[Any], where: str = "message") -> AssistantKey:
+    """The comparable form of an assistant message: visible text and its calls, arguments
+    normalized as sorted JSON (an agent may re-serialize them)."""
+    out = []
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{at} needs function.name and function.arguments", at)
+        args = fn.get("arguments") or "{}"
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError as exc:
+            raise _bad(
+                f"{at}.function.arguments is not JSON ({exc}); the chat template cannot render "
+                f"this tool call: {args!r:.80}",
+                f"{at}.function.arguments",
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise _bad(f"{at}.function.arguments must be a JSON object", at)
+        out.append((str(c.get("id") or ""), fn["name"], json.dumps(parsed, sort_keys=True)))
+    return content.strip(), tuple(out)
+
+
+# ------------------------------------------------------------------------- responses
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _wire_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))},
+        }
+        for c in calls
+    ]
+
+
+def _finish(finish: str, calls: Sequence[ToolCall]) -> str:
+    return "tool_calls" if calls and finish == "stop" else finish
+
+
+def chat_response(
+    rid: str,
+    model: str,
+    content: str,
+    calls: Sequence[ToolCall],
+    finish: str,
+    usage: tuple[int, int],
+) -> dict[str, Any]:
+    """A ``chat.completion`` object."""
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = _wire_calls(calls)
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish(finish, calls)}],
+        "usage": _usage(*usage),
+    }
+
+
+def chat_stream_chunks(
+    rid: str,
+    model: str,
+    content: str,
+    calls: Sequence[ToolCall],
+    finish: str,
+    usage: tuple[int, int] | None,
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of one finished completion, in order."""
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if content:
+        out.append(chunk({"content": content}))
+    for k, call in enumerate(_wire_calls(calls)):
+        out.append(chunk({"tool_calls": [{"index": k, **call}]}))
+    out.append(chunk({}, _finish(finish, calls)))
+    if usage is not None:
+        last = {**chunk({}), "choices": [], "usage": _usage(*usage)}
+        out.append(last)
+    return out
+
+
+def completion_response(
+    rid: str, model: str, text: str, finish: str, usage: tuple[int, int]
+) -> dict[str, Any]:
+    """A ``text_completion`` object."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "usage": _usage(*usage),
+    }
+
+
+def completion_stream_chunks(
+    rid: str, model: str, text: str, finish: str, usage: tuple[int, int] | None
+) -> list[dict[str, Any]]:
+    """The streamed ``text_completion`` objects of one finished completion."""
+    first = completion_response(rid, model, text, finish, (0, 0))
+    del first["usage"]
+    out = [first]
+    if usage is not None:
+        out.append({**first, "choices": [], "usage": _usage(*usage)})
+    return out
