@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import SamplingParams
@@ -26,7 +27,7 @@ from agentloop.types import Completion, Message, StopReason, ToolCall, Trajector
 
 __all__ = ["Episode", "EpisodeLimits", "EpisodeSampling", "Prepared", "Reply"]
 
-BuilderFor = Callable[[Sequence[object]], TokenBuilder]
+BuilderFor = Callable[[Sequence[Mapping[str, Any]]], TokenBuilder]
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class Episode:
     def prepare_chat(
         self,
         messages: Sequence[Message | AssistantKey],
-        tools: Sequence[object],
+        tools: Sequence[Mapping[str, Any]],
         max_tokens: int | None,
         temperature: float | None,
         top_p: float | None,
@@ -345,26 +346,21 @@ class Episode:
     ) -> list[Trajectory]:
         """One trajectory per segment that sampled something (at least one, maybe empty)."""
         segs = [s for s in self.segments if s.turns]
-        common = {
-            "task_id": task_id,
-            "reward": reward,
-            "stop_reason": stop_reason,
-            "error": error,
-            "sample_index": sample_index,
-        }
-        if not segs:
-            return [
-                Trajectory(
-                    token_ids=(),
-                    loss_mask=(),
-                    logprobs=(),
-                    prompt_len=0,
-                    metrics={"segments": 0.0, "segment_index": 0.0, "turns": 0.0},
-                    **common,
-                )
-            ]
+        empty = Trajectory(
+            task_id=task_id,
+            token_ids=(),
+            loss_mask=(),
+            logprobs=(),
+            prompt_len=0,
+            reward=reward,
+            stop_reason=stop_reason,
+            error=error,
+            sample_index=sample_index,
+            metrics={"segments": 0.0, "segment_index": 0.0, "turns": 0.0},
+        )
         return [
-            Trajectory(
+            replace(
+                empty,
                 token_ids=tuple(s.token_ids),
                 loss_mask=tuple(s.loss_mask),
                 logprobs=tuple(s.logprobs),
@@ -373,10 +369,9 @@ class Episode:
                 messages=tuple(s.messages),
                 versions=tuple(s.versions or ()),
                 metrics=_metrics(s, k, len(segs)),
-                **common,
             )
             for k, s in enumerate(segs)
-        ]
+        ] or [empty]
 
 
 def _metrics(s: _Segment, k: int, n: int) -> dict[str, float]:
@@ -392,8 +387,6 @@ def _metrics(s: _Segment, k: int, n: int) -> dict[str, float]:
 
 
 def _with_obs(turn: Turn, n: int) -> Turn:
-    from dataclasses import replace
-
     return replace(turn, observation_tokens=turn.observation_tokens + n)
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -104,9 +104,8 @@ class AgentProxy:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server  # the bound port, when port 0 asked for any free one
-        if self.port == 0 and server is not None:
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self.port == 0:  # any free port was asked for: the one bound
+            self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self._http is not None:
@@ -170,7 +169,7 @@ class AgentProxy:
             http_client=self._http,
         )
 
-    def _builder(self, base: TokenBuilder, tools: Sequence[object]) -> TokenBuilder:
+    def _builder(self, base: TokenBuilder, tools: Sequence[Mapping[str, Any]]) -> TokenBuilder:
         if not tools:
             return base
         key = (id(base), json.dumps(list(tools), sort_keys=True))
@@ -180,7 +179,7 @@ class AgentProxy:
                 built = TokenBuilder(
                     base.tokenizer,
                     tools=tools,
-                    chat_template=base.chat_template,  # type: ignore[arg-type]
+                    chat_template=base.chat_template,
                 )
             except AgentLoopError as exc:
                 raise ProxyRequestError(
