@@ -76,6 +76,9 @@ def _add_serve_search(parser: argparse.ArgumentParser) -> None:
     add("--host", default="127.0.0.1", help="default: 127.0.0.1")
     add("--port", type=int, default=8000, help="default: 8000")
     add("--max-concurrency", type=int, default=2, help="search worker threads (default: 2)")
+    from agentloop.sandboxes.http_limits import add_http_args
+
+    add_http_args(parser)
 
 
 def _cmd_serve_search(args: argparse.Namespace) -> int:
@@ -99,7 +102,10 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
     index = load_index(index_dir, kind=args.kind)
     config = SearchServerConfig(max_concurrency=args.max_concurrency)
     print(f"serving {len(index.docs)} passages ({args.kind}) on http://{args.host}:{args.port}")
-    run_search_server(index, host=args.host, port=args.port, config=config)
+    from agentloop.sandboxes.http_limits import http_limits_from_args
+
+    http = http_limits_from_args(args)
+    run_search_server(index, host=args.host, port=args.port, config=config, http=http)
     return 0
 
 

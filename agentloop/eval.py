@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -12,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from agentloop.eval_report import (
     read_run,
     summarize,
 )
-from agentloop.io import JsonlWriter, trajectory_to_dict
+from agentloop.io import JsonlWriter, read_json_object, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
 from agentloop.tools import get_parser
 from agentloop.types import Task, Trajectory
@@ -193,7 +194,34 @@ async def eval_async(
 ) -> EvalSummary:
     """:func:`run_eval` in a running event loop, optionally with an engine already started in
     it (validation during training, tests); without one the engine ``config.engine`` is started
-    and shut down here."""
+    and shut down here. One eval at a time writes to a run directory (see :func:`_run_lock`)."""
+    with _run_lock(config.out):
+        return await _eval_locked(config, engine, progress)
+
+
+#: Held (``flock``) by the eval writing to a run directory; the OS drops it when that process
+#: ends, however it ends, so a killed run never leaves a stale lock.
+_LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path) -> Iterator[None]:
+    """Fail at once when another eval (here or in another process) holds ``out``: two writers
+    would play the same episodes twice. Failing beats waiting: the other run may take hours,
+    and once it ends, ``--resume`` continues from what it wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / _LOCK_FILE).open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another agentloop eval is writing to {out} (it holds {out / _LOCK_FILE}); wait "
+                "for it to finish and then --resume, or choose another --out"
+            ) from None
+        yield
+
+
+async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
     from transformers import AutoTokenizer
 
     env = make(config.env, **config.env_kwargs)
@@ -313,7 +341,7 @@ def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> se
     if has_data:
         if not cfg_path.exists():
             raise ConfigError(f"cannot resume {config.out}: {CONFIG_FILE} is missing")
-        old = json.loads(cfg_path.read_text())
+        old = read_json_object(cfg_path)
         _check_resumable(old, config, parts, chash)
         done = {(r["task_id"], r["sample_index"]) for r in read_run(config.out)}
     config.out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections import Counter, defaultdict
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.errors import ConfigError
-from agentloop.io import iter_jsonl, trajectory_from_dict
+from agentloop.io import iter_jsonl, read_json_object, trajectory_from_dict
 from agentloop.stats import (
     BootstrapResult,
     Estimate,
@@ -198,7 +197,7 @@ def read_run(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise ConfigError(f"{run} is not an eval run: {path} does not exist")
     seen: set[tuple[str, int]] = set()
     out = []
-    for r in iter_jsonl(path):
+    for r in iter_jsonl(path, require=("task_id", "sample_index")):
         if (key := (r["task_id"], r["sample_index"])) not in seen:
             seen.add(key)
             out.append(r)
@@ -281,7 +280,7 @@ def _task_means(run: Path) -> dict[str, float]:
 
 def _run_config(run: Path) -> dict[str, Any]:
     path = run / CONFIG_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json_object(path) if path.exists() else {}
 
 
 # ---------------------------------------------------------------------- printing

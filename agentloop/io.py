@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from agentloop.errors import TrajectoryError
+from agentloop.errors import ConfigError, TrajectoryError
 from agentloop.types import Message, StopReason, ToolCall, Trajectory, Turn
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "JsonlWriter",
     "image_to_data_uri",
     "iter_jsonl",
+    "read_json_object",
     "read_jsonl",
     "read_trajectories",
     "repair_jsonl",
@@ -264,9 +265,12 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+def iter_jsonl(
+    path: str | os.PathLike[str], *, require: tuple[str, ...] = ()
+) -> Iterator[dict[str, Any]]:
     """The objects of a JSONL file. A torn last line is skipped with a warning; a bad line
-    anywhere else is a :class:`TrajectoryError` naming the file and line."""
+    anywhere else (not JSON, not an object, or missing a key of ``require``) is a
+    :class:`TrajectoryError` naming the file and line."""
     path = Path(path)
     with path.open("rb") as f:
         lines = f.read().split(b"\n")
@@ -274,8 +278,8 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except ValueError as exc:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:
             if number == len(lines):  # no newline after it: the writer was killed mid-line
                 log.warning("%s: skipping a torn last line %d (%d bytes)", path, number, len(line))
                 return
@@ -283,6 +287,28 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 f"{path}:{number} is not valid JSON ({exc}); the file is corrupt — remove that "
                 "line (or restore the file) and run again"
             ) from exc
+        missing = [k for k in require if k not in record] if isinstance(record, dict) else None
+        if missing is None or missing:
+            what = f"lacks {missing}" if missing else f"is a JSON {type(record).__name__}"
+            raise TrajectoryError(
+                f"{path}:{number} {what}, not a record; the file is corrupt or not written by "
+                "agentloop — remove that line (or restore the file) and run again"
+            )
+        yield record
+
+
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in file ``path`` (a run's ``config.json``); anything else is a
+    :class:`ConfigError` naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(
+            f"{path} is not valid JSON ({exc}); restore it, or start a new run with another --out"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; restore it")
+    return data
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -61,7 +61,9 @@ def build_parser(parser: Any = None) -> Any:
         action="store_true",
         help="required for --backend subprocess_unsafe (no isolation)",
     )
-    return p
+    from .http_limits import add_http_args
+
+    return add_http_args(p)
 
 
 def backend_kwargs_from_args(args: Any) -> dict[str, Any]:

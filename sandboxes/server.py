@@ -18,6 +18,8 @@ from aiohttp import web
 from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, Sandbox, SandboxSession
+from .http_limits import HttpLimits, http_limits_from_args
+from .http_server import HttpServer
 from .serve_args import backend_kwargs_from_args, build_parser, is_loopback, read_tokens, warn_open
 from .wire import (
     RunRequest,
@@ -112,6 +114,7 @@ class SandboxServer:
         session_ttl_s: float = 600.0,
         max_sessions: int = 256,
         max_sessions_per_client: int = 32,
+        http: HttpLimits | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -127,7 +130,6 @@ class SandboxServer:
         self.sessions: dict[str, _Session] = {}
         self.draining = False
         self.port: int | None = None
-        self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.app = web.Application(
             client_max_size=max_request_bytes, middlewares=[self._middleware]
@@ -143,6 +145,7 @@ class SandboxServer:
                 web.post("/auth/{token}/run_code", self.run_code),
             ]
         )
+        self._http = HttpServer(self.app, http, loggers=(__name__,))
 
     def _client(self, request: web.Request) -> str | None:
         """Who is asking: ``token<i>`` (the i-th token), the peer address without auth, or None
@@ -184,6 +187,8 @@ class SandboxServer:
             return await request.json()
         except ValueError:
             raise ConfigError("request body is not valid JSON") from None
+        except RecursionError:  # json's C parser refuses deep nesting this way
+            raise ConfigError("request body is JSON nested too deeply; flatten it") from None
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -292,13 +297,7 @@ class SandboxServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
+        self.port = await self._http.start(host, port)
         self._janitor = asyncio.get_running_loop().create_task(self._expire_sessions())
         return int(self.port or 0)
 
@@ -316,9 +315,7 @@ class SandboxServer:
         for entry in sessions:
             with contextlib.suppress(Exception):
                 await entry.cm.__aexit__(None, None, None)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._http.stop()
 
 
 async def serve(
@@ -377,6 +374,7 @@ def run_from_args(args: Any) -> int:
                 max_request_bytes=args.max_request_mb << 20,
                 max_sessions=args.max_sessions,
                 max_sessions_per_client=args.max_sessions_per_client,
+                http=http_limits_from_args(args),
             )
         )
     except (ConfigError, SandboxError) as exc:

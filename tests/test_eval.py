@@ -312,3 +312,52 @@ async def test_open_engine_builds_the_openai_client(tiny_model_dir: Path) -> Non
     async with open_engine(config) as engine:
         assert isinstance(engine, OpenAIEngine)
         assert (engine.model, engine.base_url) == ("tiny", "http://127.0.0.1:9/v1")
+
+
+async def test_a_second_eval_on_a_busy_run_dir_fails_and_nothing_is_played_twice(
+    tokenizer: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two `eval --resume` on one directory: the second fails at once naming it (the first's
+    flock), the first finishes with every episode once, and a later --resume works."""
+    import asyncio
+
+    from waits import eventually
+
+    from agentloop.eval import eval_async
+
+    tasks = make(ENV).tasks("test", 3)
+    engine = _oracle(tokenizer, {t.data["prompt"]: t.data["answer"] for t in tasks})
+    engine.latency_s = 0.02  # the first run is still going when the second starts
+    out = tmp_path / "run"
+    rollout = RolloutConfig(max_turns=3, max_response_len=128)
+    config = EvalConfig(ENV, str(tiny_model_dir), out, n=2, num_tasks=3, engine="hf",
+                        resume=True, concurrency=1, rollout=rollout)  # fmt: skip
+    first = asyncio.create_task(eval_async(config, engine=engine, progress=False))
+    path = out / "trajectories.jsonl"
+    await eventually(lambda: path.exists() and path.stat().st_size > 0)
+    assert not first.done()
+    with pytest.raises(ConfigError, match=f"another agentloop eval is writing to {out}"):
+        await eval_async(config, engine=engine, progress=False)
+    assert (await first).episodes == 6
+    assert _pairs(out) == Counter({(t.id, i): 1 for t in tasks for i in range(2)})
+    assert (await eval_async(config, engine=engine, progress=False)).episodes == 6
+    assert sum(_pairs(out).values()) == 6
+
+
+def test_a_damaged_run_dir_is_a_clean_error_naming_the_file(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A corrupt config.json (on --resume) and a valid-JSON line that is not a record (on
+    --compare) exit 2 with the file (and line) named, not a traceback."""
+    run = _write_run(tmp_path / "a", {"t0": [1.0, 0.0]})
+    (run / "config.json").write_text('{"config_hash": ')
+    assert main(_eval_args(tiny_model_dir, run, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'config.json'} is not valid JSON" in err and "Traceback" not in err
+
+    b = _write_run(tmp_path / "b", {"t0": [1.0, 0.0]})
+    with (b / "trajectories.jsonl").open("a") as f:
+        f.write('{"note": "not a record"}\n[1, 2]\n')
+    assert main(["eval", "--compare", str(b), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b / 'trajectories.jsonl'}:3 lacks ['task_id', 'sample_index']" in err

@@ -3,9 +3,14 @@
 Request: ``{"queries": ["..."], "topk": 3, "return_scores": false}``. Response:
 ``{"result": [[doc, ...], ...]}`` (one ranked list per query), where ``doc`` is
 ``{"id", "contents", "title", "text"}`` — or ``{"document": doc, "score": s}`` with
-``return_scores`` — exactly what Search-R1 clients read. Queries of concurrent requests are
-batched together (up to ``max_batch``) and searched on at most ``max_concurrency`` worker
-threads; a bad request gets a 4xx with ``{"error": "..."}`` naming the problem.
+``return_scores`` — exactly what Search-R1 clients read.
+
+Queries of concurrent requests with the same ``topk`` are batched together (up to
+``max_batch``) and searched on at most ``max_concurrency`` worker threads, so an answer does not
+depend on what else is in flight. A bad request gets a 4xx with ``{"error": "..."}`` naming the
+problem; a query the index fails on fails only its own request (500, JSON). Connections go
+through :class:`agentloop.sandboxes.http_server.HttpServer` (header and body timeouts, a
+connection cap, rate-limited logs).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,9 +28,13 @@ from typing import Any
 from aiohttp import web
 
 from agentloop.errors import ConfigError
+from agentloop.sandboxes.http_limits import HttpLimits
+from agentloop.sandboxes.http_server import HttpServer
 from agentloop.tools.search_index import SearchIndex
 
-__all__ = ["SearchServerConfig", "make_app", "run_search_server"]
+__all__ = ["SearchServerConfig", "make_app", "run_search_server", "serve_search"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,6 @@ class _Batcher:
         return await job.future
 
     async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             jobs = [await self.queue.get()]
             size = len(jobs[0].queries)
@@ -88,20 +98,30 @@ class _Batcher:
                 job = self.queue.get_nowait()
                 jobs.append(job)
                 size += len(job.queries)
-            queries = [q for j in jobs for q in j.queries]
-            k = max(j.topk for j in jobs)
-            try:
-                ranked = await loop.run_in_executor(self.pool, self.index.search, queries, k)
-            except Exception as exc:  # the index failed: every waiting request learns why
-                for j in jobs:
-                    if not j.future.done():
-                        j.future.set_exception(exc)
-                continue
-            at = 0
-            for j in jobs:
-                if not j.future.done():
-                    j.future.set_result([r[: j.topk] for r in ranked[at : at + len(j.queries)]])
-                at += len(j.queries)
+            by_topk: dict[int, list[_Job]] = {}
+            for job in jobs:  # one search per topk: a request's answer never sees another's k
+                by_topk.setdefault(job.topk, []).append(job)
+            for topk, group in by_topk.items():
+                await self._search(group, topk)
+
+    async def _search(self, jobs: list[_Job], topk: int) -> None:
+        """Search ``jobs`` together; if that fails, each alone, so only a bad one fails."""
+        loop = asyncio.get_running_loop()
+        queries = [q for j in jobs for q in j.queries]
+        try:
+            ranked = await loop.run_in_executor(self.pool, self.index.search, queries, topk)
+        except Exception as exc:
+            if len(jobs) > 1:
+                for job in jobs:
+                    await self._search([job], topk)
+            elif not jobs[0].future.done():
+                jobs[0].future.set_exception(exc)
+            return
+        at = 0
+        for j in jobs:
+            if not j.future.done():
+                j.future.set_result(ranked[at : at + len(j.queries)])
+            at += len(j.queries)
 
 
 def _parse(body: bytes, config: SearchServerConfig) -> tuple[list[str], int, bool]:
@@ -109,6 +129,8 @@ def _parse(body: bytes, config: SearchServerConfig) -> tuple[list[str], int, boo
         data = json.loads(body)
     except ValueError as exc:
         raise _BadRequest(f"the body is not valid JSON ({exc})") from exc
+    except RecursionError:  # json's C parser refuses deep nesting this way
+        raise _BadRequest("the body is JSON nested too deeply; send a flat object") from None
     if not isinstance(data, dict) or "queries" not in data:
         raise _BadRequest('the body must be a JSON object with "queries": ["..."] and "topk": k')
     queries, topk = data["queries"], data.get("topk", 3)
@@ -127,6 +149,13 @@ def _parse(body: bytes, config: SearchServerConfig) -> tuple[list[str], int, boo
             raise _BadRequest(
                 f"queries[{i}] has {len(q)} characters; the limit is {config.max_query_chars}"
             )
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _BadRequest(
+                f"queries[{i}] is not valid Unicode text (a lone surrogate at character "
+                f"{exc.start}: {q[exc.start]!r}); send UTF-8 text"
+            ) from None
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= config.max_topk:
         raise _BadRequest(f'"topk" must be an integer in [1, {config.max_topk}], got {topk!r:.40}')
     return queries, topk, bool(data.get("return_scores", False))
@@ -163,7 +192,12 @@ def make_app(index: SearchIndex, config: SearchServerConfig | None = None) -> we
             queries, topk, with_scores = _parse(await request.read(), config)
         except _BadRequest as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        ranked = await batcher.search(queries, topk)
+        try:
+            ranked = await batcher.search(queries, topk)
+        except Exception as exc:  # the index failed on this request's queries only
+            log.warning("search failed: %s: %s", type(exc).__name__, exc)
+            error = f"the index failed on these queries ({type(exc).__name__}: {exc})"
+            return web.json_response({"error": error}, status=500)
         result = []
         for rows in ranked:
             docs = [index.docs.get(r, s) for r, s in rows]
@@ -192,15 +226,39 @@ def make_app(index: SearchIndex, config: SearchServerConfig | None = None) -> we
     return app
 
 
+async def serve_search(
+    index: SearchIndex,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    config: SearchServerConfig | None = None,
+    http: HttpLimits | None = None,
+    stop: asyncio.Event | None = None,
+    on_start: Callable[[int], Any] | None = None,
+) -> None:
+    """Serve ``index`` until ``stop`` is set (or SIGTERM/SIGINT); ``on_start`` gets the port."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    server = HttpServer(make_app(index, config), http, loggers=(__name__,))
+    bound = await server.start(host, port)
+    try:
+        if on_start is not None:
+            on_start(bound)
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
 def run_search_server(
     index: SearchIndex,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
     config: SearchServerConfig | None = None,
-    print_fn: Callable[[str], Any] = print,
+    http: HttpLimits | None = None,
 ) -> None:
-    """Serve until interrupted (Ctrl-C)."""
-    app = make_app(index, config)
-    with contextlib.suppress(KeyboardInterrupt):
-        web.run_app(app, host=host, port=port, print=print_fn, access_log=None)
+    """Serve until interrupted (Ctrl-C or SIGTERM)."""
+    asyncio.run(serve_search(index, host=host, port=port, config=config, http=http))

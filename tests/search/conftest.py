@@ -43,18 +43,24 @@ def hybrid_dir(corpus_file: Path, encoder: Any, tmp_path_factory: pytest.TempPat
 @pytest_asyncio.fixture
 async def search_url(bm25_dir: Path) -> AsyncIterator[str]:
     """A retrieval server on a free loopback port, serving the BM25 index."""
-    from aiohttp import web
+    async for url in served_index(load_bm25(bm25_dir)):
+        yield url
 
+
+def load_bm25(bm25_dir: Path) -> Any:
     from agentloop.tools.search_index import load_index
+
+    return load_index(bm25_dir)
+
+
+async def served_index(index: Any, **config: Any) -> AsyncIterator[str]:
+    """``index`` behind the real server and transport (HttpServer) on a free loopback port."""
+    from agentloop.sandboxes.http_server import HttpServer
     from agentloop.tools.search_server import SearchServerConfig, make_app
 
-    app = make_app(load_index(bm25_dir), SearchServerConfig(max_queries=64))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = HttpServer(make_app(index, SearchServerConfig(**{"max_queries": 64, **config})))
+    port = await server.start("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        await runner.cleanup()
+        await server.stop()

@@ -80,6 +80,8 @@ async def test_1000_concurrent_queries_none_lost(search_url: str) -> None:
         ("POST", "/retrieve", {"queries": ["a"] * 65}, 400, "at most 64"),
         ("POST", "/retrieve", {"queries": ["a" * 5000]}, 400, "limit is 4096"),
         ("POST", "/retrieve", {"queries": ["a" * 1000] * 60_00}, 413, "too large"),
+        ("POST", "/retrieve", b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        ("POST", "/retrieve", b'{"queries": ["ok \\ud800"]}', 400, "lone surrogate"),
         ("GET", "/retrieve", None, 405, "use POST"),
         ("POST", "/search", {"queries": ["a"]}, 404, "POST /retrieve"),
     ],
@@ -92,6 +94,54 @@ async def test_malformed_requests_get_4xx_with_a_message(
         assert r.status == status
         body = await r.json()
     assert re.search(message, body["error"]), body
+
+
+class _Recording:
+    """The BM25 index, recording each batch it is asked for; ``boom`` makes a query fail, and
+    ``k_dependent`` makes a query's top rows depend on k (as hybrid retrieval's do: it fuses
+    candidate lists of 2k), so a batch searched at another request's k would show."""
+
+    def __init__(self, inner: Any, k_dependent: bool = False) -> None:
+        self.inner, self.kind, self.docs = inner, inner.kind, inner.docs
+        self.k_dependent, self.batches = k_dependent, []  # type: list[int]
+
+    def search(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
+        self.batches.append(len(queries))
+        if any("boom" in q for q in queries):
+            raise ValueError("the index cannot score 'boom'")
+        if not self.k_dependent:
+            return self.inner.search(queries, k)
+        wide = self.inner.search(queries, 2 * k)
+        return [sorted(rows, key=lambda rs: rs[0])[:k] for rows in wide]
+
+
+async def _retrieve(s: aiohttp.ClientSession, url: str, queries: list[str], k: int) -> Any:
+    async with s.post(f"{url}/retrieve", json={"queries": queries, "topk": k}) as r:
+        return r.status, r.content_type, await r.json()
+
+
+@pytest.mark.parametrize("k_dependent", [False, True])
+async def test_concurrent_mixed_requests_get_their_solo_answers(
+    bm25_dir: Path, k_dependent: bool
+) -> None:
+    """Requests with different topk and one bad query, sent together, get exactly what each
+    gets alone: its own k results, and the bad one alone fails (JSON 500)."""
+    from conftest import load_bm25, served_index
+
+    index = _Recording(load_bm25(bm25_dir), k_dependent)
+    hops = [h["query"] for t in searchqa_tasks("train")[:12] for h in t.data["hops"]][:24]
+    requests = [([q], 1 + i % 7) for i, q in enumerate(hops)] + [(["boom", hops[0]], 3)]
+    async for url in served_index(index, max_concurrency=1):
+        async with aiohttp.ClientSession() as s:
+            solo = [await _retrieve(s, url, q, k) for q, k in requests]
+            index.batches.clear()
+            together = await asyncio.gather(*(_retrieve(s, url, q, k) for q, k in requests))
+    assert max(index.batches) > 1, "the requests were never batched: nothing was tested"
+    assert together == solo
+    *good, bad = together
+    assert all(status == 200 for status, _, _ in good)
+    assert all(len(b["result"][0]) <= k for (_, _, b), (_, k) in zip(good, requests, strict=False))
+    assert bad[:2] == (500, "application/json") and "boom" in bad[2]["error"]
 
 
 @pytest_asyncio.fixture

@@ -1,0 +1,273 @@
+"""The aiohttp transport agentloop's servers share: request timeouts, a connection cap, quiet logs.
+
+The sandbox server (``agentloop serve-sandbox``) and the retrieval server (``agentloop
+serve-search``) both listen through :class:`HttpServer`, configured by :class:`HttpLimits`
+(``--header-timeout-s``, ``--body-timeout-s``, ``--max-connections``, ``--log-per-minute``).
+
+Why it lives in ``agentloop.sandboxes``: it is needed by ``sandboxes/server.py`` and by
+``tools/search_server.py``, and dependencies point ``sandboxes → tools → …``, so the leftmost
+package is the one place both may import from. It imports nothing of agentloop but
+``agentloop.errors`` (the floor), so it adds no edge to the layering; the floor itself
+(``types.py``, ``errors.py``) stays free of aiohttp.
+
+What it guards against (a client that opens connections and never finishes a request):
+
+- *Header timeout*: a connection must send a complete request head within
+  ``header_timeout_s`` of opening (or of its previous response); otherwise it is closed. This is
+  aiohttp's keep-alive timer, which also runs from the moment a connection opens.
+- *Body timeout*: a request's body must arrive within ``body_timeout_s`` of its head, or the
+  client gets ``408`` (JSON) and the connection is closed. The body is read (once, cached by
+  aiohttp) before the handler runs.
+- *Connection cap*: at ``max_connections`` open connections (default 2048), a new one
+  replaces the oldest connection that has never completed a request (a half-open or slow
+  client), else the longest-idle keep-alive one; when every connection is busy with a request
+  the newcomer gets ``503`` and is closed. Requests in progress are never cut. The cap is fitted
+  to ``RLIMIT_NOFILE`` (raised when allowed), so ``accept()`` never runs out of descriptors.
+- *Rate-limited logs*: each message (per logger and format string) is logged at most
+  ``log_per_minute`` times a minute, then a count of what was suppressed. This covers
+  ``asyncio`` (``socket.accept() out of system resource``) and ``aiohttp``'s loggers, which
+  otherwise log one traceback per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from agentloop.errors import ConfigError
+
+from .http_limits import HttpLimits, limit_logging
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_FD_RESERVE = 256  # descriptors kept for everything but client connections (files, sandboxes)
+_DEFAULT_MAX_CONNECTIONS = 2048
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+# ---------------------------------------------------------------------- connections
+@dataclass(slots=True)
+class _Conn:
+    """What the cap needs to know of one connection."""
+
+    created: float
+    last_active: float
+    busy: int = 0
+    served: int = 0
+
+
+class _Refuse(asyncio.Protocol):
+    """Answers a connection over the cap with 503 and closes it (nothing is read)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = b'{"error": "server is at its connection limit; retry later", "type": "Busy"}'
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_REFUSED % (len(body), body))
+        transport.close()
+
+
+class _CappedSite(web.BaseSite):
+    """A TCP site whose connections come from ``factory`` (the cap) instead of the runner."""
+
+    __slots__ = ("_factory", "_host", "_port")
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, factory: Callable[[], Any]
+    ) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._factory = host, port, factory
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._factory, self._host, self._port, backlog=self._backlog
+        )
+        self._port = self._server.sockets[0].getsockname()[1]
+
+
+class HttpServer:
+    """Serves an aiohttp ``app`` on ``host:port`` within ``limits``.
+
+    Adds one innermost middleware to ``app`` (so call this before the app is started): it
+    reads the request body under ``body_timeout_s`` and marks the connection busy while its
+    request runs, so the cap never drops it. ``loggers`` names the app's own loggers, which are
+    rate-limited like aiohttp's.
+    """
+
+    def __init__(
+        self,
+        app: web.Application,
+        limits: HttpLimits | None = None,
+        *,
+        loggers: Iterable[str] = (),
+        shutdown_timeout_s: float = 5.0,
+    ) -> None:
+        if app.frozen:
+            raise ConfigError("HttpServer needs an application that has not been started yet")
+        self.app, self.limits = app, limits or HttpLimits()
+        self.port: int | None = None
+        self._loggers = tuple(loggers)
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._conns: dict[RequestHandler, _Conn] = {}
+        self._runner: web.AppRunner | None = None
+        self.max_connections = 0  # the cap in force: set by start() (the default fits ulimit)
+        self.refused = 0  # connections answered 503 (all busy)
+        self.evicted = 0  # half-open or idle connections closed to make room
+        app.middlewares.append(self._guard)
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (those made room for excluded)."""
+        live = set(self._runner.server.connections) if self._runner and self._runner.server else ()
+        return sum(1 for h in self._conns if h in live)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        self.max_connections = _fit_fd_limit(self.limits.max_connections)
+        limit_logging(self.limits.log_per_minute, self._loggers)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            keepalive_timeout=self.limits.header_timeout_s,
+            shutdown_timeout=self._shutdown_timeout_s,
+        )
+        await self._runner.setup()
+        site = _CappedSite(self._runner, host, port, self._protocol)
+        await site.start()
+        self.port = site._port
+        return self.port
+
+    async def stop(self) -> None:
+        """Close every connection and stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._conns.clear()
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        """A protocol for a new connection, making room under the cap first."""
+        assert self._runner is not None and self._runner.server is not None
+        now = time.monotonic()
+        if len(self._conns) >= self.max_connections and not self._make_room(now):
+            self.refused += 1
+            log.warning(
+                "connection limit (%d) reached with every connection busy; refusing with 503",
+                self.max_connections,
+            )
+            return _Refuse()
+        handler = self._runner.server()
+        self._conns[handler] = _Conn(now, now)
+        return handler
+
+    def _make_room(self, now: float) -> bool:
+        """Forget closed connections; if still at the cap, close the oldest never-served one,
+        else the longest-idle one. False when every connection is busy with a request.
+
+        ``_conns`` is in opening order, so the scan usually stops within the first few entries:
+        cheap per accept even at the cap under a flood.
+        """
+        closed, victim = [], None
+        for h, c in self._conns.items():
+            # aiohttp drops the transport when the connection is lost; a handler this factory
+            # just made has none yet either (connection_made comes a moment later).
+            if h.transport is None and now - c.created > 1.0:
+                closed.append(h)
+            elif not c.busy and not c.served:
+                victim = h
+                break
+        for h in closed:
+            del self._conns[h]
+        if len(self._conns) < self.max_connections:
+            return True
+        if victim is None:
+            idle = [(c.last_active, h) for h, c in self._conns.items() if not c.busy]
+            if not idle:
+                return False
+            victim = min(idle, key=lambda e: e[0])[1]
+        victim.force_close()
+        del self._conns[victim]
+        self.evicted += 1
+        return True
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = self._conns.get(request.protocol)
+        if conn is not None:
+            conn.busy += 1
+        try:
+            if request.body_exists:
+                try:
+                    async with asyncio.timeout(self.limits.body_timeout_s):
+                        await request.read()  # cached: the handler's read()/json() reuse it
+                except TimeoutError:
+                    return await _timed_out(request, self.limits.body_timeout_s)
+                except ConnectionResetError:  # the client left mid-body: no one to answer
+                    request.protocol.force_close()
+                    return web.Response(status=400)
+            return await handler(request)
+        finally:
+            if conn is not None:
+                conn.busy -= 1
+                conn.served += 1
+                conn.last_active = time.monotonic()
+
+
+async def _timed_out(request: web.Request, seconds: float) -> web.Response:
+    """A 408 (JSON), sent now; then the connection is closed at once rather than lingering to
+    read the rest of a body that is not coming."""
+    resp = web.json_response(
+        {
+            "error": f"the request body did not arrive within {seconds:g} s; send it faster "
+            "(the server's --body-timeout-s)",
+            "type": "Timeout",
+        },
+        status=408,
+    )
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.protocol.force_close()
+    return resp
+
+
+def _fit_fd_limit(requested: int | None) -> int:
+    """The connection cap, with the soft descriptor limit raised to fit it when allowed; a cap
+    the hard limit cannot fit is lowered when it is the default, else a ConfigError."""
+    cap = requested or _DEFAULT_MAX_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    need = cap + _FD_RESERVE
+    if soft == infinite or soft >= need:
+        return cap
+    if hard == infinite or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return cap
+    if requested is not None:
+        raise ConfigError(
+            f"--max-connections {requested} needs {need} file descriptors but this process may "
+            f"open {hard} at most (ulimit -Hn); lower --max-connections to "
+            f"{max(1, hard - _FD_RESERVE)} or raise the limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    cap = max(1, hard - _FD_RESERVE)
+    log.info("at most %d connections: the descriptor limit (ulimit -Hn) is %d", cap, hard)
+    return cap
