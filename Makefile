@@ -4,9 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-# Debian packages the real components need: bubblewrap (local sandbox), podman + runc (a Docker
-# Engine API for the docker sandbox backend), chromium (the viewer's browser test).
-APT_PACKAGES := bubblewrap util-linux podman runc chromium
+# Debian packages the real components need: bubblewrap + libseccomp2 (local sandbox and its
+# syscall filter), podman + runc (a Docker Engine API for the docker sandbox backend), chromium
+# (the viewer's browser test).
+APT_PACKAGES := bubblewrap libseccomp2 util-linux podman runc chromium
 
 .PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck docs unit clean
 

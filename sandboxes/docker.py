@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import struct
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from .base import ExecResult, SandboxLimits, pid_alive
 from .bwrap import sandbox_env
 from .pool import KernelSandbox
 from .protocol import KERNEL_SOURCE, SectionBuffer, SectionMarks, StreamKernel, new_key
+from .seccomp import docker_profile
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -190,12 +192,26 @@ class DockerSandbox(KernelSandbox):
         self.base_url = base_url
         self.python = python
         self.client = client
+        self._seccomp = ""  # set by _prepare for this engine
 
     async def _prepare(self) -> None:
         if self.client is None:
             self.client = await asyncio.to_thread(self._connect)
         await asyncio.to_thread(self._check_image)
         await asyncio.to_thread(reap_containers, self.client)
+        self._seccomp = await asyncio.to_thread(self._seccomp_option)
+
+    def _seccomp_option(self) -> str:
+        """``seccomp=<profile>`` for the engine: Docker takes the JSON itself, podman (same
+        host) a path to it."""
+        components = self.client.version().get("Components") or []
+        if not any("podman" in str(c.get("Name", "")).lower() for c in components):
+            return f"seccomp={docker_profile()}"
+        path = os.path.join(tempfile.gettempdir(), "agentloop-seccomp.json")
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as f:
+            f.write(docker_profile())
+        os.replace(f.name, path)
+        return f"seccomp={path}"
 
     def _connect(self) -> Any:
         import docker
@@ -237,7 +253,7 @@ class DockerSandbox(KernelSandbox):
             pids_limit=lim.max_processes,
             nano_cpus=int(lim.cpus * 1e9),
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges", self._seccomp],
             read_only=True,
             mounts=[
                 Mount(d, "", type="tmpfs", tmpfs_size=lim.disk_mb << 20, tmpfs_mode=0o1777)

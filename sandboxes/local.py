@@ -20,6 +20,7 @@ from .launcher import Launcher
 from .pool import KernelSandbox
 from .process import ProcessKernel, collect_process
 from .protocol import KERNEL_SOURCE, new_key
+from .seccomp import seccomp_filter
 from .slots import SlotPool
 
 __all__ = ["LocalSandbox"]
@@ -29,6 +30,7 @@ _START_TIMEOUT_S = 30.0
 _ARGV_CODE_MAX = 100 << 10
 _FIRST_FILE_FD = 10  # cold runs' files sit at fds 10, 11, … for bwrap's --file
 _CODE_FD = 9  # and long bash code at fd 9
+_SECCOMP_FD = 8  # the seccomp filter, for bwrap's --seccomp
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
@@ -67,6 +69,7 @@ class LocalSandbox(KernelSandbox):
         cgroup_parent: str | None = None,
         use_cgroups: bool = True,
         launcher_slots: int = 32,
+        seccomp: bool = True,
     ) -> None:
         super().__init__(limits=limits, pool_size=pool_size)
         for path in ro_binds:
@@ -86,12 +89,16 @@ class LocalSandbox(KernelSandbox):
         self._bwrap_path = ""
         self._slots: SlotPool | None = None
         self._root = os.geteuid() == 0
+        self.seccomp = seccomp
+        self._filter = b""
 
     async def _prepare(self) -> None:
         found = shutil.which(self.bwrap)
         if found is None:
             raise SandboxError(BWRAP_INSTALL_HINT)
         self._bwrap_path = found
+        if self.seccomp:
+            self._filter = await asyncio.to_thread(seccomp_filter)
         for path in self.ro_binds:
             if not os.path.exists(path):
                 raise ConfigError(f"ro_binds entry {path!r} does not exist on this host")
@@ -137,9 +144,19 @@ class LocalSandbox(KernelSandbox):
         # Inside, the code runs as the fresh host uid it was started with.
         argv = [self._bwrap_path, "--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        if self.seccomp:  # no nested user namespaces; the filter refuses the rest
+            argv += ["--disable-userns", "--seccomp", str(_SECCOMP_FD)]
         argv += fs_args(self.ro_binds, self.limits)
         # the root tmpfs goes read-only last: only /sandbox and /tmp stay writable
         return [*argv, *extra, "--remount-ro", "/", "--chdir", "/sandbox"]
+
+    def _pieces(
+        self, fd: int, pieces: list[tuple[int, int, int]], at: int = 0
+    ) -> tuple[int, list[tuple[int, int, int]]]:
+        """The launcher's ``split``: ``pieces`` of ``fd``, plus the filter (at offset ``at``)."""
+        if self.seccomp:
+            pieces = [*pieces, (_SECCOMP_FD, at, len(self._filter))]
+        return fd, pieces
 
     def _uid(self) -> int | None:
         return 1_000_000 + secrets.randbelow(1 << 30) if self._root else None
@@ -152,12 +169,17 @@ class LocalSandbox(KernelSandbox):
         rlimits = json.dumps(self._rlimits())
         command = [self.python, "-u", "-c", KERNEL_SOURCE, "isolated", rlimits]
         slot = await slots.take(bounded=False)
+        fd = os.memfd_create("seccomp")
         try:
+            _write_all(fd, self._filter)
             env = sandbox_env(self.limits)
-            proc = await slot.launch(self._bwrap_argv() + command, env, self._uid(), {}, True)
+            argv = self._bwrap_argv() + command
+            proc = await slot.launch(argv, env, self._uid(), {}, True, split=self._pieces(fd, []))
         except BaseException:
             slots.release(slot)
             raise
+        finally:
+            os.close(fd)
 
         async def release() -> None:
             slots.release(slot)
@@ -204,9 +226,10 @@ class LocalSandbox(KernelSandbox):
             blob += code.encode()
         fd = os.memfd_create("files")
         try:
-            await asyncio.to_thread(_write_all, fd, blob)
+            await asyncio.to_thread(_write_all, fd, blob + self._filter)
+            split = self._pieces(fd, pieces, at=len(blob))
             for attempt in range(2):
-                res = await self._cold_exec(code, language, timeout_s, stdin, (fd, pieces), extra)
+                res = await self._cold_exec(code, language, timeout_s, stdin, split, extra)
                 # bwrap itself failed (e.g. a transient EAGAIN from clone): not the code's doing
                 if not (res.exit_code == 1 and res.stderr.startswith("bwrap: ") and not res.stdout):
                     return res

@@ -322,3 +322,30 @@ async def test_code_that_ends_its_run_early_stops_running(sandbox: Any, host: Ho
         }
         assert states <= {"T", "t"}, (res, states)  # stopped, or killed with the run
     assert wait_gone(host.comm) == []
+
+
+_NAMESPACES_AND_PTRACE = """
+import ctypes, errno, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, call):
+    ok = call() != -1
+    print(name, "ALLOWED" if ok else "refused-" + errno.errorcode.get(ctypes.get_errno(), "?"))
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+attempt("ptrace", lambda: libc.ptrace(16, child, 0, 0))  # PTRACE_ATTACH a process of our own
+attempt("userns", lambda: libc.unshare(0x10000000))  # CLONE_NEWUSER
+attempt("mountns", lambda: libc.unshare(0x00020000))  # CLONE_NEWNS
+attempt("bpf", lambda: libc.syscall(321, 0, 0, 0))  # x86_64 bpf(2)
+os.kill(child, 9)
+"""
+
+
+async def test_no_nested_user_namespaces_no_ptrace(sandbox: Any, host: Host) -> None:
+    """Issue 21: the seccomp filter (local) refuses ptrace, new namespaces and kernel
+    subsystems such as BPF; each attempt fails inside."""
+    res = await sandbox.run(_NAMESPACES_AND_PTRACE)
+    assert res.exit_code == 0, res
+    assert "ALLOWED" not in res.stdout, res.stdout
+    assert res.stdout.count("refused-") == 4, res.stdout
