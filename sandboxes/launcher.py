@@ -61,13 +61,14 @@ def child(req, fds):
     for fd, target in zip(staged, req["targets"]):
         os.dup2(fd, target)
     for target, offset, size in split:  # the blob is the last fd received
-        part = os.memfd_create("file")
+        part = os.memfd_create("file", 0)  # not close-on-exec: it may stay at its number
         data = os.pread(staged[-1], size, offset)
         while data:
             data = data[os.write(part, data):]
         os.lseek(part, 0, os.SEEK_SET)
-        os.dup2(part, target)
-        os.close(part)
+        if part != target:  # it may have been given that very (free) number
+            os.dup2(part, target)
+            os.close(part)
     keep = set(targets)
     for fd in range(top):
         if fd not in keep:
