@@ -122,6 +122,9 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add("--max-prompt-len", type=int, default=1024, help="first prompt's tokens (default: 1024)")
     add("--max-response-len", type=int, default=1024, help="tokens after it (default: 1024)")
     add("--parser", default="hermes", help="tool-call parser (default: hermes)")
+    from agentloop.sandboxes.http_limits import add_http_args
+
+    add_http_args(parser)
 
 
 def _cmd_serve_proxy(args: argparse.Namespace) -> int:
@@ -129,6 +132,7 @@ def _cmd_serve_proxy(args: argparse.Namespace) -> int:
 
     from agentloop.proxy.episode import EpisodeLimits
     from agentloop.proxy.serve import ServeProxyConfig, serve_proxy
+    from agentloop.sandboxes.http_limits import http_limits_from_args
 
     limits = EpisodeLimits(args.max_turns, args.max_prompt_len, args.max_response_len)
     config = ServeProxyConfig(
@@ -141,6 +145,7 @@ def _cmd_serve_proxy(args: argparse.Namespace) -> int:
         port=args.port,
         limits=limits,
         parser=args.parser,
+        http=http_limits_from_args(args),
     )
     asyncio.run(serve_proxy(config))
     return 0

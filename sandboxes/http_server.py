@@ -1,14 +1,15 @@
 """The aiohttp transport agentloop's servers share: request timeouts, a connection cap, quiet logs.
 
-The sandbox server (``agentloop serve-sandbox``) and the retrieval server (``agentloop
-serve-search``) both listen through :class:`HttpServer`, configured by :class:`HttpLimits`
+The sandbox server (``agentloop serve-sandbox``), the retrieval server (``agentloop
+serve-search``) and the agent proxy (``agentloop serve-proxy``) listen through
+:class:`HttpServer`, configured by :class:`~agentloop.sandboxes.http_limits.HttpLimits`
 (``--header-timeout-s``, ``--body-timeout-s``, ``--max-connections``, ``--log-per-minute``).
 
-Why it lives in ``agentloop.sandboxes``: it is needed by ``sandboxes/server.py`` and by
-``tools/search_server.py``, and dependencies point ``sandboxes → tools → …``, so the leftmost
-package is the one place both may import from. It imports nothing of agentloop but
-``agentloop.errors`` (the floor), so it adds no edge to the layering; the floor itself
-(``types.py``, ``errors.py``) stays free of aiohttp.
+Why it lives in ``agentloop.sandboxes``: ``sandboxes/server.py`` needs it, and so do
+``tools/search_server.py`` and ``agentloop/proxy/server.py``; dependencies point ``sandboxes →
+tools → envs → core``, so the leftmost package is the one place all of them may import from. It
+imports nothing of agentloop but ``agentloop.errors`` (the floor), so it adds no edge to the
+layering, and the floor itself (``types.py``, ``errors.py``) stays free of aiohttp.
 
 What it guards against (a client that opens connections and never finishes a request):
 

@@ -173,3 +173,29 @@ async def test_unknown_episodes_and_the_turn_limit_are_refused(tokenizer: Any) -
             await client.chat.completions.create(model="agentloop", messages=msgs)
         await client.close()
         await stranger.close()
+
+
+async def test_the_proxy_closes_half_open_connections_and_refuses_nested_json(
+    tokenizer: Any,
+) -> None:
+    """The proxy listens through the servers' shared transport (header timeout, cap) and a
+    deeply nested body is a JSON 400, not a plain-text 500."""
+    import asyncio
+
+    import aiohttp
+
+    from agentloop.sandboxes.http_limits import HttpLimits
+
+    quick = HttpLimits(header_timeout_s=0.5)
+    async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), open_episodes=True,
+                          http=quick) as proxy:  # fmt: skip
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        assert await asyncio.wait_for(reader.read(), timeout=20) == b""  # closed by the proxy
+        writer.close()
+        nested = "[" * 100_000 + "]" * 100_000
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer ep"}
+        url = proxy.url + "/chat/completions"
+        async with aiohttp.ClientSession() as s, s.post(url, data=nested, headers=headers) as r:
+            assert r.status == 400 and r.content_type == "application/json"
+            assert "nested too deeply" in (await r.json())["error"]["message"]

@@ -42,7 +42,7 @@ async def shared_proxy(
     entry.users += 1
     try:
         async with entry.lock:
-            if entry.proxy._runner is None:
+            if not entry.proxy.started:
                 await entry.proxy.start()
         yield entry.proxy
     finally:

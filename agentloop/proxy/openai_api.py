@@ -186,7 +186,7 @@ def assistant_key(content: str, calls: Sequence[Any], where: str = "message") ->
         args = fn.get("arguments") or "{}"
         try:
             parsed = json.loads(args) if isinstance(args, str) else args
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise _bad(
                 f"{at}.function.arguments is not JSON ({exc}); the chat template cannot render "
                 f"this tool call: {args!r:.80}",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.proxy.episode import EpisodeLimits, EpisodeSampling
+from agentloop.sandboxes.http_limits import HttpLimits
 
 __all__ = ["ServeProxyConfig", "serve_proxy"]
 
@@ -29,6 +30,7 @@ class ServeProxyConfig:
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     parser: str = "hermes"
     seed: int = 0
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 async def serve_proxy(config: ServeProxyConfig, *, stop: asyncio.Event | None = None) -> None:
@@ -67,6 +69,7 @@ async def serve_proxy(config: ServeProxyConfig, *, stop: asyncio.Event | None = 
             parser=config.parser,
             host=config.host,
             port=config.port,
+            http=config.http,
         ) as proxy,
     ):
         print(f"serving {config.model} as {config.served_model!r} on {proxy.url}", flush=True)

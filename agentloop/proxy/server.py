@@ -35,6 +35,8 @@ from agentloop.proxy.openai_api import (
     parse_chat_request,
     parse_completion_request,
 )
+from agentloop.sandboxes.http_limits import HttpLimits
+from agentloop.sandboxes.http_server import HttpServer
 from agentloop.types import StopReason
 
 if TYPE_CHECKING:
@@ -70,8 +72,10 @@ class AgentProxy:
         parser: str = "hermes",
         host: str = "127.0.0.1",
         port: int = 0,
+        http: HttpLimits | None = None,
     ) -> None:
         self.engine, self.builder, self.model = engine, builder, model
+        self.http_limits = http  # header/body timeouts, connection cap: the servers' transport
         self.open_episodes = open_episodes
         self.limits = limits or EpisodeLimits()
         self.sampling = sampling or EpisodeSampling(fixed=False)
@@ -81,14 +85,19 @@ class AgentProxy:
         self.requests_served = 0
         self.requests_failed = 0
         self._builders: dict[tuple[int, str], tuple[TokenBuilder, TokenBuilder]] = {}
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self._http: Any = None  # the clients' shared httpx pool, made on first use
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
+    def started(self) -> bool:
+        """Whether it listens (between :meth:`start` and :meth:`stop`)."""
+        return self._server is not None
+
+    @property
     def url(self) -> str:
         """The API root to give clients as ``base_url`` (``http://host:port/v1``)."""
-        if self._runner is None:
+        if self._server is None:
             raise AgentLoopError("the proxy is not started; use `async with AgentProxy(...)`")
         return f"http://{self.host}:{self.port}/v1"
 
@@ -100,20 +109,16 @@ class AgentProxy:
             app.router.add_post(f"{prefix}/v1/completions", self._completions)
         app.router.add_get("/episodes/{eid}", self._get_episode)
         app.router.add_delete("/episodes/{eid}", self._delete_episode)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        if self.port == 0:  # any free port was asked for: the one bound
-            self.port = int(self._runner.addresses[0][1])
+        self._server = HttpServer(app, self.http_limits, loggers=(__name__,))
+        self.port = await self._server.start(self.host, self.port)  # 0: the free port bound
 
     async def stop(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
 
     async def __aenter__(self) -> AgentProxy:
         await self.start()
@@ -326,6 +331,10 @@ async def _json(request: web.Request) -> Any:
         return await request.json()
     except ValueError as exc:
         raise ProxyRequestError(f"the request body is not JSON: {exc}", param="body") from exc
+    except RecursionError:  # json's C parser refuses deep nesting this way
+        raise ProxyRequestError(
+            "the request body is JSON nested too deeply", param="body"
+        ) from None
 
 
 def _usage(p: Prepared, reply: Reply) -> tuple[int, int]:

@@ -133,6 +133,11 @@ async def test_an_accept_flood_logs_a_bounded_number_of_lines(
 def test_the_limits_are_operator_flags_with_checked_values() -> None:
     args = build_parser().parse_args(["--header-timeout-s", "3", "--max-connections", "64"])
     assert (args.header_timeout_s, args.max_connections, args.body_timeout_s) == (3.0, 64, 60.0)
+    from agentloop.cli import build_parser as cli_parser
+
+    for command in (["serve-search", "--index", "idx"], ["serve-proxy", "--model", "m"]):
+        parsed = cli_parser().parse_args([*command, "--max-connections", "9"])
+        assert parsed.max_connections == 9 and parsed.header_timeout_s == 15.0
     with pytest.raises(ConfigError, match="--body-timeout-s must be > 0"):
         HttpLimits(body_timeout_s=0)
     with pytest.raises(ConfigError, match="--max-connections must be >= 1"):
