@@ -1,9 +1,12 @@
 """Proxy throughput: N concurrent openai-SDK episodes through AgentProxy vs. the engine called
 directly, on loopback, with a scripted engine (no model: the proxy's own cost is what's measured).
 
-Each episode makes ``--turns`` chat requests (a tool call, then the answer, as an agent does);
-the direct baseline sends the same number of generate calls. Reports requests/s both ways and
-checks that no request was lost (every episode recorded every request, token-exactly).
+Each episode makes ``--turns`` chat requests (each answered with a tool call, whose result the
+agent sends back), once through the openai SDK (what agents use; the client's own CPU is in the
+same process and counts) and once over plain aiohttp; the direct baseline makes the same
+generate calls and builds the same token ids with the TokenBuilder, with no HTTP. Reports
+requests/s each way and checks that no request was lost (every episode recorded every request,
+in one token-exact segment).
 
     python bench/proxy_bench.py --episodes 256 --turns 3
 """
@@ -15,6 +18,7 @@ import asyncio
 import time
 from typing import Any
 
+import aiohttp
 from transformers import AutoTokenizer
 
 from agentloop.chat import TokenBuilder
@@ -47,7 +51,23 @@ async def _episode(proxy: AgentProxy, k: int, turns: int) -> int:
     return turns
 
 
-async def _via_proxy(tokenizer: Any, episodes: int, turns: int) -> tuple[float, int, int]:
+async def _episode_raw(proxy: AgentProxy, http: aiohttp.ClientSession, k: int, turns: int) -> int:
+    """The same episode over plain aiohttp (no SDK): the proxy's own cost plus HTTP."""
+    headers = {"Authorization": f"Bearer {proxy.open_episode(f'ep-{k}').id}"}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 6 * 7? ({k})"}]
+    for _ in range(turns):
+        body = {"model": "agentloop", "messages": messages, "tools": CALC_TOOLS}
+        async with http.post(f"{proxy.url}/chat/completions", json=body, headers=headers) as r:
+            msg = (await r.json())["choices"][0]["message"]
+        messages.append(msg)
+        for call in msg.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42"})
+    return turns
+
+
+async def _via_proxy(
+    tokenizer: Any, episodes: int, turns: int, raw: bool = False
+) -> tuple[float, int, int]:
     engine = _engine(tokenizer)
     limits = EpisodeLimits(max_turns=turns, max_prompt_len=2048, max_response_len=2048)
     async with AgentProxy(
@@ -55,9 +75,16 @@ async def _via_proxy(tokenizer: Any, episodes: int, turns: int) -> tuple[float, 
     ) as proxy:
         await _episode(proxy, -1, 1)  # warm-up: the openai SDK imports its types on first use
         engine.requests.clear()
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(_episode(proxy, k, turns) for k in range(episodes)))
-        elapsed = time.perf_counter() - t0
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            t0 = time.perf_counter()
+            done = await asyncio.gather(
+                *(
+                    _episode_raw(proxy, http, k, turns) if raw else _episode(proxy, k, turns)
+                    for k in range(episodes)
+                )
+            )
+            elapsed = time.perf_counter() - t0
         proxy.close_episode("ep--1")
         recorded = sum(ep.requests for ep in proxy.episodes.values())
         segments = sum(len(ep.segments) for ep in proxy.episodes.values())
@@ -87,14 +114,18 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
-    elapsed, recorded, failed = asyncio.run(_via_proxy(tokenizer, args.episodes, args.turns))
-    direct = asyncio.run(_direct(tokenizer, args.episodes, args.turns))
     n = args.episodes * args.turns
     print(f"{args.episodes} concurrent episodes x {args.turns} requests = {n} requests")
-    print(
-        f"proxy : {elapsed:6.2f} s  {n / elapsed:8.1f} req/s  recorded {recorded}, failed {failed}"
-    )
-    print(f"direct: {direct:6.2f} s  {n / direct:8.1f} req/s  (engine.generate + TokenBuilder)")
+    for label, raw in (("proxy, openai SDK", False), ("proxy, plain HTTP", True)):
+        elapsed, recorded, failed = asyncio.run(
+            _via_proxy(tokenizer, args.episodes, args.turns, raw)
+        )
+        print(
+            f"{label:18}: {elapsed:6.2f} s {n / elapsed:8.1f} req/s  recorded {recorded}, "
+            f"failed {failed}"
+        )
+    direct = asyncio.run(_direct(tokenizer, args.episodes, args.turns))
+    print(f"{'direct':18}: {direct:6.2f} s {n / direct:8.1f} req/s  (engine + TokenBuilder)")
 
 
 if __name__ == "__main__":
