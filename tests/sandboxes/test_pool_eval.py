@@ -38,8 +38,9 @@ class Server:
 
     def __init__(self, token: str) -> None:
         argv = [sys.executable, "-m", "agentloop.cli", "serve-sandbox", "--backend", "local",
-                "--port", "0", "--pool-size", "1", "--token", token]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+                "--port", "0", "--pool-size", "1"]  # fmt: skip
+        env = {**os.environ, "AGENTLOOP_SANDBOX_TOKEN": token}  # never on the command line
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         found = re.search(r"(http://127\.0\.0\.1:\d+)\s*$", line)
