@@ -179,7 +179,8 @@ class RemotePool:
             if " 401:" in text:
                 raise ConfigError(
                     f"sandbox server {url} rejected the token ({self.token_source}); set the "
-                    "token the server was started with (its --token-file or $AGENTLOOP_SANDBOX_TOKEN)"
+                    "token the server was started with (its --token-file or "
+                    "$AGENTLOOP_SANDBOX_TOKEN)"
                 ) from None
             raise ConfigError(f"sandbox server {url} failed the start-up check: {text}") from None
 
