@@ -14,7 +14,13 @@ import pytest
 from sbx_helpers import needs_bwrap
 
 from agentloop.sandboxes import FakeSandbox, SandboxLimits, make_sandbox
-from agentloop.sandboxes.server import SandboxServer, build_parser, run_from_args, serve
+from agentloop.sandboxes.server import (
+    SandboxServer,
+    backend_kwargs_from_args,
+    build_parser,
+    run_from_args,
+    serve,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 CEILING = SandboxLimits(timeout_s=1.5, memory_mb=256, max_processes=32, disk_mb=64)
@@ -140,6 +146,11 @@ def test_serve_sandbox_help_lists_the_ceilings() -> None:
     for flag in ("--token-file", "--cpu-time-s", "--max-output-bytes", "--max-sessions-per-client"):
         assert flag in text
     assert "--token " not in text  # the command-line token is not offered
+    argv = ["--timeout-s", "5", "--cpu-time-s", "2", "--memory-mb", "512", "--disk-mb", "32"]
+    argv += ["--max-output-bytes", "4096"]
+    limits = backend_kwargs_from_args(build_parser().parse_args(argv))["limits"]
+    assert (limits.timeout_s, limits.cpu_time_s, limits.memory_mb) == (5, 2, 512)
+    assert (limits.disk_mb, limits.max_output_bytes) == (32, 4096)
 
 
 @needs_bwrap
