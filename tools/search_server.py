@@ -7,7 +7,10 @@ Request: ``{"queries": ["..."], "topk": 3, "return_scores": false}``. Response:
 
 Queries of concurrent requests with the same ``topk`` are batched together (up to
 ``max_batch``) and searched on at most ``max_concurrency`` worker threads, so an answer does not
-depend on what else is in flight. A bad request gets a 4xx with ``{"error": "..."}`` naming the
+depend on what else is in flight: BM25 scores each query on its own (answers identical to a
+request sent alone); the dense encoder pads a batch to its longest query, which can move a
+score by ~1e-7, so a dense or hybrid ranking can differ only between passages tied that closely.
+A bad request gets a 4xx with ``{"error": "..."}`` naming the
 problem; a query the index fails on fails only its own request (500, JSON). Connections go
 through :class:`agentloop.sandboxes.http_server.HttpServer` (header and body timeouts, a
 connection cap, rate-limited logs).
