@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.chat import TokenBuilder
+from agentloop.checksums import model_fingerprint
 from agentloop.collect import collect
 from agentloop.engines.base import Engine
 from agentloop.envs import make
@@ -338,11 +339,13 @@ def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> se
             "another --out"
         )
     done: set[tuple[str, int]] = set()
+    fingerprint = model_fingerprint(config.model)
     if has_data:
         if not cfg_path.exists():
             raise ConfigError(f"cannot resume {config.out}: {CONFIG_FILE} is missing")
         old = read_json_object(cfg_path)
         _check_resumable(old, config, parts, chash)
+        _check_same_weights(old, config, fingerprint)
         done = {(r["task_id"], r["sample_index"]) for r in read_run(config.out)}
     config.out.mkdir(parents=True, exist_ok=True)
     info = {
@@ -350,6 +353,7 @@ def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> se
         "config_parts": dict(parts),
         "env": config.env,
         "model": config.model,
+        "model_fingerprint": fingerprint,
         "split": config.split,
         "seed": config.seed,
         "n": config.n,
@@ -378,6 +382,20 @@ def _check_resumable(
                 f"cannot resume {config.out}: it was run with {key}={old.get(key)!r}, this run "
                 f"has {key}={getattr(config, key)!r}; use the same value or another --out"
             )
+
+
+def _check_same_weights(
+    old: Mapping[str, Any], config: EvalConfig, fingerprint: str | None
+) -> None:
+    """The model files at ``config.model`` must be the ones the run started on: results of two
+    different models must not be pooled under one path."""
+    recorded = old.get("model_fingerprint")
+    if recorded is not None and fingerprint is not None and recorded != fingerprint:
+        raise ConfigError(
+            f"cannot resume {config.out}: it evaluated {config.model} with model fingerprint "
+            f"{recorded}, but the files there now have fingerprint {fingerprint} (the weights "
+            "were replaced); evaluate them into another --out"
+        )
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -1,12 +1,15 @@
 """Resumable checkpoints of a PolicyWorker: sharded model + optimizer (DCP), step, scheduler,
-and the RL run's own state (:class:`RunState`)."""
+and the RL run's own state (:class:`RunState`), each file checksummed and verified on load."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import random
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,16 +19,40 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from agentloop.checksums import file_sha256
 from agentloop.errors import ConfigError
 from agentloop.trainers.worker import PolicyWorker
 
 if TYPE_CHECKING:
     from agentloop.trainers.rollouts import SourceState
 
-__all__ = ["RngState", "RunState", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKSUMS_FILE",
+    "RESUME_FILE",
+    "CheckpointError",
+    "RngState",
+    "RunState",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "resume_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
+
+log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TRAINER_STATE = "trainer_state.pt"
+CHECKSUMS_FILE = "checksums.json"
+"""Written last into every checkpoint: each file's size and SHA-256."""
+RESUME_FILE = "resume.json"
+"""Written beside the step directories by :func:`resume_checkpoint`: what ``resume=auto`` chose
+and which newer checkpoints it skipped as damaged, and why."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint is damaged (a checksum mismatch, a missing or unreadable file); the message
+    names the file."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +119,7 @@ def save_checkpoint(
             "run_state": run_state,
         }
         torch.save(trainer_state, tmp / _TRAINER_STATE)
+        _write_checksums(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         if keep_last is not None:
@@ -103,31 +131,129 @@ def save_checkpoint(
 
 def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> RunState | None:
     """Restore model, optimizer, scheduler and step from a :func:`save_checkpoint` directory,
-    whatever the number of ranks that wrote it; collective. Returns the saved ``run_state``."""
+    whatever the number of ranks that wrote it; collective. Returns the saved ``run_state``.
+
+    Rank 0 first checks every file against the checkpoint's checksums; a damaged checkpoint (or
+    an unreadable file) raises :class:`CheckpointError` naming the file, never a raw traceback
+    from torch, and nothing is loaded."""
     path = Path(path)
     if not (path / _TRAINER_STATE).is_file():
         raise ConfigError(
             f"{str(path)!r} is not a complete checkpoint (no {_TRAINER_STATE}); pass a step_* "
             "directory written by save_checkpoint, or use latest_checkpoint(root)"
         )
+    problem = _verified_on_rank0(worker, path)
+    if problem is not None:
+        raise CheckpointError(problem)
     model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer)
-    # dcp.load fills these dicts in place, re-sharded for this world
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    try:  # dcp.load fills these dicts in place, re-sharded for this world
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {path}: its model/optimizer shards (*.distcp, .metadata) cannot be "
+            f"read: {type(exc).__name__}: {exc}; resume from another checkpoint"
+        ) from exc
     set_state_dict(
         worker.model, worker.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
     )
-    trainer_state = torch.load(path / _TRAINER_STATE, weights_only=False)
+    trainer_state = _read_trainer_state(path / _TRAINER_STATE)
     worker.step = int(trainer_state["step"])
     worker.scheduler.load_state_dict(trainer_state["scheduler"])
     run_state: RunState | None = trainer_state.get("run_state")
     return run_state
 
 
+def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
+    """None if every file of checkpoint ``path`` matches its checksum, else what is wrong,
+    naming the file. A checkpoint written before checksums existed passes (with a warning)."""
+    path = Path(path)
+    manifest = path / CHECKSUMS_FILE
+    if not manifest.is_file():
+        log.warning(
+            "checkpoint %s has no %s (an older agentloop's): not verified", path, manifest.name
+        )
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        expected = {str(name): (int(f["size"]), str(f["sha256"])) for name, f in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{manifest} is unreadable ({type(exc).__name__}: {exc})"
+    for name, (size, digest) in sorted(expected.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if file.stat().st_size != size:
+            return f"{file} has {file.stat().st_size} bytes, its checksum record says {size}"
+        if file_sha256(file) != digest:
+            return f"{file} does not match its SHA-256 in {CHECKSUMS_FILE} (the file is damaged)"
+    return None
+
+
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete ``step_*`` directory with the highest step under ``root`` (for
-    ``resume=auto``), or None."""
+    """The complete ``step_*`` directory with the highest step under ``root``, or None (not
+    verified; :func:`resume_checkpoint` is what ``resume=auto`` uses)."""
     dirs = _step_dirs(Path(root))
     return dirs[-1] if dirs else None
+
+
+def resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The newest *intact* checkpoint under ``root`` for ``resume=auto``, or None.
+
+    A newer checkpoint whose files fail their checksums is skipped, with a warning naming the
+    file; the choice and what was skipped are written to ``root/resume.json``, so the run's own
+    records say which checkpoint it continued from and why."""
+    root = Path(root)
+    skipped: list[dict[str, str]] = []
+    chosen = None
+    for path in reversed(_step_dirs(root)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            chosen = path
+            break
+        log.warning("checkpoint %s is damaged (%s); falling back to an older one", path, problem)
+        skipped.append({"path": str(path), "reason": problem})
+    if skipped:
+        chosen_name = str(chosen) if chosen else None
+        record = {"chosen": chosen_name, "skipped": skipped, "time": time.time()}
+        tmp = root / f".{RESUME_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(root / RESUME_FILE)
+        log.warning(
+            "resume=auto: resuming from %s, %d damaged newer one(s) skipped",
+            chosen_name,
+            len(skipped),
+        )
+    return chosen
+
+
+def _write_checksums(directory: Path) -> None:
+    files = {
+        p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != CHECKSUMS_FILE
+    }
+    manifest = {"algorithm": "sha256", "files": files}
+    (directory / CHECKSUMS_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _verified_on_rank0(worker: PolicyWorker, path: Path) -> str | None:
+    """:func:`verify_checkpoint` on rank 0 (one read of the files), its verdict sent to all."""
+    verdict = [verify_checkpoint(path) if worker.rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
+
+
+def _read_trainer_state(file: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(file, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{file} cannot be read ({type(exc).__name__}: {exc}); resume from another checkpoint"
+        ) from exc
+    if not isinstance(state, dict) or not {"step", "scheduler"} <= state.keys():
+        raise CheckpointError(f"{file} is not a trainer state (no step/scheduler entries)")
+    return state
 
 
 def _step_dirs(root: Path) -> list[Path]:

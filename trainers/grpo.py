@@ -32,7 +32,7 @@ from agentloop.envs import make
 from agentloop.errors import ConfigError
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
-from agentloop.trainers.checkpoint import RngState, RunState, latest_checkpoint
+from agentloop.trainers.checkpoint import RngState, RunState, resume_checkpoint
 from agentloop.trainers.config import (
     AlgorithmConfig,
     TrainConfig,
@@ -397,7 +397,7 @@ async def _restore(run: _Run) -> RunState | None:
     resume = run.cfg.checkpoint.resume
     if resume == "never":
         return None
-    path = latest_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
+    path = resume_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
     if path is None:
         return None
     state = await run.group.load_checkpoint(path)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from agentloop.errors import ConfigError
-from agentloop.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentloop.trainers.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from agentloop.trainers.config import (
     CheckpointConfig,
     LoggingConfig,
@@ -289,7 +289,7 @@ def eval_loss(worker: PolicyWorker, seqs: list[TrainSeq]) -> float | None:
 
 def _resume(worker: PolicyWorker, cfg: SFTConfig, ckpt_root: Path) -> None:
     resume = cfg.checkpoint.resume
-    path = None if resume == "never" else latest_checkpoint(ckpt_root)
+    path = None if resume == "never" else resume_checkpoint(ckpt_root)
     if resume not in ("auto", "never"):
         path = Path(resume)
     if path is not None:

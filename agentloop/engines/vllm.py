@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentloop.engines.base import SamplingParams, prompt_token_ids
 from agentloop.engines.gate import WeightGate
+from agentloop.engines.orphan_guard import OrphanGuard
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
 
@@ -201,6 +202,7 @@ class VLLMEngine:
         self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._procs: list[Any] = []  # psutil.Process of the engine core and its workers
+        self._guard: OrphanGuard | None = None  # kills them if this process dies (kill -9)
         self._ckpt_shapes: dict[str, tuple[int, ...]] = {}
         self._sleep_mode = False
         self._gate = WeightGate(config.weight_sync_timeout_s)
@@ -309,6 +311,7 @@ class VLLMEngine:
             ) from e
         self._loop = asyncio.get_running_loop()
         self._procs = _engine_processes(self._llm)
+        self._guard = OrphanGuard(self._procs)
         log.info(
             "vLLM started on %s in %.1f s (pids %s)", cfg.model, time.perf_counter() - t0, self.pids
         )
@@ -329,6 +332,9 @@ class VLLMEngine:
             del llm
             gc.collect()  # AsyncLLM sits in reference cycles; its __del__ fails at interpreter exit
             await asyncio.to_thread(_reap, procs, self.config.shutdown_timeout_s)
+            if self._guard is not None:
+                self._guard.close()
+                self._guard = None
 
     # ------------------------------------------------------------------ generation
     async def generate(
