@@ -152,12 +152,23 @@ class TokenBuilder:
         """
         if not observation:
             raise TemplateError("observation_ids needs at least one observation message")
-        close = self._assistant_close
+        text = self._assistant_close + self._suffix(observation)
         if completion_ids and completion_ids[-1] in self._stop_texts:
-            stop_text = self._stop_texts[completion_ids[-1]]
-            if close.startswith(stop_text):
-                close = close[len(stop_text) :]
-        return self._expand(self.encode(close + self._suffix(observation)), observation)
+            # The sampled stop token stands for the template's next stop text: the closing
+            # (ChatML's <|im_end|>; harmony's <|call|> for <|return|>) or the next role's token
+            # (GLM's <|observation|>), which must not be appended a second time.
+            for stop_text in self._stop_texts.values():
+                if text.startswith(stop_text):
+                    text = text[len(stop_text) :]
+                    break
+        return self._expand(self.encode(text), observation)
+
+    def parser_for(self, requested: str) -> str:
+        """The tool-call parser for this template: ``requested``, or with ``"auto"`` the one
+        its format implies (an unrecognised template with tools is a ``ToolError``)."""
+        from agentloop.tools import resolve_parser
+
+        return resolve_parser(requested, self.chat_template, has_tools=bool(self.tools))
 
     def image_grids(self, messages: Sequence[Message]) -> list[tuple[int, int, int]]:
         """Patch grids of the images in ``messages``, in token order (needs ``vision``)."""
@@ -176,11 +187,12 @@ class TokenBuilder:
         expected = self.render(messages, add_generation_prompt=not ends_with_sample)
         ids = self.vision.collapse(token_ids) if self.vision else list(token_ids)
         got = str(self.tokenizer.decode(ids, skip_special_tokens=False))
-        # An episode that ended right after a sample lacks only (part of) the turn's closing.
-        if (
-            ends_with_sample
-            and expected.startswith(got)
-            and self._assistant_close.endswith(expected[len(got) :])
+        # An episode that ended right after a sample lacks only (part of) the turn's closing;
+        # its last stop token may be the next role's (GLM's <|user|>), which no turn renders.
+        ends = [got] + [got[: -len(s)] for s in self._stop_texts.values() if got.endswith(s)]
+        if ends_with_sample and any(
+            expected.startswith(e) and self._assistant_close.endswith(expected[len(e) :])
+            for e in ends
         ):
             return
         if got != expected:

@@ -123,10 +123,11 @@ def config_fingerprint(
     """sha256 per part of what makes two evals comparable: template, parser, tools, rollout
     limits, sampling, env and scoring. The model, engine and seed are deliberately not in it."""
     r = config.rollout
-    parser = type(get_parser(r.parser))
+    name = builder.parser_for(r.parser)  # "auto" resolved here, at start-up
+    parser = type(get_parser(name))
     parts: dict[str, Any] = {
         "chat_template": builder.chat_template,
-        "parser": [r.parser, f"{parser.__module__}.{parser.__qualname__}"],
+        "parser": [name, f"{parser.__module__}.{parser.__qualname__}"],
         "tools": builder.tools or [],
         "rollout": dataclasses.asdict(r),
         "sampling": {

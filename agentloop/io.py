@@ -42,6 +42,7 @@ _TURN_FIELDS = (
     "tool_errors",
     "gen_latency_s",
     "env_latency_s",
+    "reward",
 )
 _IMAGE_MAGIC = (
     (b"\x89PNG", "image/png"),

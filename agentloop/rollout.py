@@ -58,9 +58,11 @@ class RolloutConfig:
     (0, 1]; 1: off."""
     top_k: int = -1
     """Sample from the k most likely tokens (>= 1); -1: off."""
-    parser: str = "hermes"
-    """Tool-call parser that reads calls out of the model's text: a name registered with
-    ``@register_parser`` (built in: ``hermes``)."""
+    parser: str = "auto"
+    """Tool-call parser that reads calls out of the model's text: ``auto`` (the one the chat
+    template's format implies; an unrecognised template with tools is an error) or a name
+    registered with ``@register_parser`` (built in: ``hermes``, ``llama3_json``, ``mistral``,
+    ``harmony``, ``glm45``, ``qwen3_coder``, ``deepseek_v3``)."""
     check_template: bool = False
     """After each episode, check that its token ids decode to the chat template's rendering
     of its messages (a mismatch raises ``TemplateError``); a debugging aid, one render per
@@ -73,7 +75,8 @@ class RolloutConfig:
         if self.timeout_s <= 0:
             raise ConfigError(f"rollout.timeout_s must be > 0, got {self.timeout_s}")
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        get_parser(self.parser)  # unknown parser names fail here, with a did-you-mean
+        if self.parser != "auto":
+            get_parser(self.parser)  # unknown parser names fail here, with a did-you-mean
 
     def sampling(self, max_tokens: int, seed: int | None, stop: tuple[int, ...]) -> SamplingParams:
         return SamplingParams(
@@ -219,7 +222,7 @@ async def _play(
     seed: int | None,
 ) -> None:
     """The loop itself. Always ends by raising :class:`_Stop`."""
-    parser = get_parser(config.parser)
+    parser = get_parser(builder.parser_for(config.parser))
     messages, _ = await _env_call(env.reset(seed=seed, options={"task": task}))
     episode.messages.extend(messages)
     prompt = builder.prompt_ids(messages)
@@ -248,14 +251,15 @@ async def _play(
         episode.messages.append(action)
         t1 = time.perf_counter()
         result = await _env_call(env.step(action))
-        episode.reward += _finite_reward(result.reward)
+        reward = _finite_reward(result.reward)
+        episode.reward += reward
         episode.metrics.update(result.metrics)
         obs = await _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
         obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
         if stop is None and any(m.images for m in obs):
             obs, obs_ids = _drop_images_to_fit(episode, obs, obs_ids, builder, completion, config)
-        episode.turns.append(_turn(turn, start, completion, result, len(obs_ids), t0, t1))
+        episode.turns.append(_turn(turn, start, completion, result, len(obs_ids), t0, t1, reward))
         episode.count_tool_errors(result)
         if stop is not None:
             raise _Stop(stop)
@@ -401,6 +405,7 @@ def _turn(
     obs_tokens: int,
     t0: float,
     t1: float,
+    reward: float,
 ) -> Turn:
     tool_results = result.tool_results
     return Turn(
@@ -413,6 +418,7 @@ def _turn(
         tool_errors=sum(1 for r in tool_results if r.error_kind is not None),
         gen_latency_s=t1 - t0,
         env_latency_s=time.perf_counter() - t1,
+        reward=reward,
     )
 
 

@@ -218,6 +218,7 @@ class Turn:
     tool_errors: int = 0
     gen_latency_s: float = 0.0
     env_latency_s: float = 0.0
+    reward: float = 0.0  # what env.step returned for this turn; the turns sum to the reward
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,11 @@ class Trajectory:
     def response_ids(self) -> tuple[int, ...]:
         """Everything after the prompt: sampled and observation tokens, interleaved."""
         return self.token_ids[self.prompt_len :]
+
+    @property
+    def turn_rewards(self) -> tuple[float, ...]:
+        """The reward of each turn, in order (``env.step``'s); they sum to ``reward``."""
+        return tuple(t.reward for t in self.turns)
 
     @property
     def num_trained_tokens(self) -> int:

@@ -1,6 +1,7 @@
 """Tools for agents: ``@tool``, schemas, tool-call parsers, per-episode sessions and dispatch."""
 
 from agentloop.tools.context import ToolContext
+from agentloop.tools.family_parsers import detect_parser, resolve_parser
 from agentloop.tools.parsers import (
     HermesParser,
     ToolCallParser,
@@ -23,8 +24,10 @@ __all__ = [
     "ToolSession",
     "Toolset",
     "available_parsers",
+    "detect_parser",
     "get_parser",
     "register_parser",
+    "resolve_parser",
     "tool",
     "truncate_to_tokens",
 ]

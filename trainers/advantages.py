@@ -9,10 +9,12 @@ import torch
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.losses import kl_penalty
+from agentloop.trainers.turn_advantages import turn_rloo_advantages
 from agentloop.types import TrajectoryGroup
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "TURN_ESTIMATORS",
     "KlInReward",
     "compute_advantages",
     "kl_reward_penalty",
@@ -21,7 +23,9 @@ __all__ = [
     "trajectory_advantages",
 ]
 
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "turn_rloo")
+#: Estimators that credit each turn from per-turn rewards (see ``trainers/turn_advantages.py``).
+TURN_ESTIMATORS = ("turn_rloo",)
 
 
 def outcome_token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -135,8 +139,8 @@ def compute_advantages(
     the final reward — identical to verl on single-turn data.
     ``R`` is the row's sum of token rewards; ``group_index`` names each row's group (prompt).
     """
-    if mode not in ADV_ESTIMATORS:
-        raise ConfigError(
+    if mode not in ADV_ESTIMATORS or mode in TURN_ESTIMATORS:
+        raise ConfigError(  # turn estimators need the turns: trajectory_advantages
             f"adv_estimator {mode!r} is not one of {ADV_ESTIMATORS}; pick one of those"
         )
     m = (mask_BT > 0).to(token_rewards_BT.dtype)
@@ -182,7 +186,17 @@ def trajectory_advantages(
     Rewards are outcome rewards (``Trajectory.reward``) placed on the last loss token; positions
     with ``loss_mask`` 0 (prompt, observations) get 0. Group statistics use every trajectory of a
     group, kept or not (a failed one scores its reward, 0), as in verl.
+    ``turn_rloo`` uses each turn's reward instead (:func:`turn_rloo_advantages`).
     """
+    if mode in TURN_ESTIMATORS:
+        if kl is not None:
+            raise ConfigError(
+                f"adv_estimator={mode} does not take KL in the reward; use actor.kl_coef (KL "
+                "as a loss term) instead of algorithm.use_kl_in_reward"
+            )
+        return turn_rloo_advantages(
+            groups, keep=keep, norm_by_std=norm_by_std, epsilon=epsilon, gamma=gamma
+        )
     trajs = [t for g in groups for t in g.trajectories]
     rows = range(len(trajs)) if keep is None else keep
     if not trajs:

@@ -52,7 +52,7 @@ MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "turn_rloo")
 
 
 def _check(section: str, obj: Any, rules: Sequence[tuple[str, bool, str]]) -> None:
@@ -156,7 +156,10 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """``grpo``: ``(R - group mean) / (group std + epsilon)``; ``rloo``: ``R`` minus the mean
     of the group's other samples; ``reinforce_plus_plus``: the discounted return (``gamma``),
-    whitened over every loss token of the batch."""
+    whitened over every loss token of the batch; ``turn_rloo``: per-turn credit from each
+    turn's reward — the discounted return from that turn on (``gamma`` per turn) minus the
+    mean of the group's other episodes at the same turn position (unbiased when turn counts
+    vary; ``trainers/turn_advantages.py``), divided by their std with ``norm_by_std``."""
     norm_by_std: bool = True
     """``grpo``: divide by the group's reward std; false: ``R - group mean`` (Dr.GRPO)."""
     epsilon: float = 1e-6
@@ -280,6 +283,10 @@ class TrainerConfig:
     tool_error_warn_rise: float = 0.25
     """Warn when a step's tool-error rate is this much above the run's mean so far (0 to 1;
     e.g. a sandbox server going down); 0: never warn."""
+    stop_without_tool_calls: int = 0
+    """Stop the run with an error after this many consecutive steps in which no episode
+    called a tool (``rollout/tool_episode_frac`` 0: the policy stopped using its tools, and
+    training would go on single-turn); only for envs with tools. 0: off."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -297,6 +304,7 @@ class TrainerConfig:
             [
                 *((name, getattr(self, name) >= 1, "must be >= 1") for name in positive),
                 ("val_every", self.val_every >= 0, "must be >= 0 (0 = never)"),
+                ("stop_without_tool_calls", self.stop_without_tool_calls >= 0, "must be >= 0"),
                 ("placement", self.placement in PLACEMENTS, f"must be one of {PLACEMENTS}"),
                 ("mode", self.mode in MODES, f"must be one of {MODES}"),
                 ("max_staleness", self.max_staleness >= 0, "must be >= 0 (policy versions)"),
@@ -564,6 +572,12 @@ class TrainConfig:
                 "sample has no baseline to compare its reward with, so the advantages are not "
                 f"{a.adv_estimator}'s; set rollout.n >= 2 (e.g. 8), or use "
                 "algorithm.adv_estimator=reinforce_plus_plus (a batch-wide baseline)",
+            ),
+            (
+                a.adv_estimator != "turn_rloo" or not a.use_kl_in_reward,
+                "algorithm.adv_estimator=turn_rloo with algorithm.use_kl_in_reward=true: the "
+                "turn-level estimator takes per-turn rewards only; use actor.kl_coef (KL as a "
+                "loss term) instead",
             ),
             (
                 # GSPO's objective is a mean over sequences of their length-normalised ratio

@@ -29,7 +29,7 @@ import torch
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import make
-from agentloop.errors import ConfigError
+from agentloop.errors import AgentLoopError, ConfigError
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
 from agentloop.trainers.checkpoint import RngState, RunState, resume_checkpoint
@@ -97,6 +97,7 @@ class _Run:
     engine: BusyMeter | None = None  # the group's engine, with its busy time measured
     source: BatchSource | None = None
     notices: RunNotices | None = None
+    steps_without_tools: int = 0  # consecutive steps in which no episode called a tool
 
     def batches(self) -> BatchSource:
         assert self.source is not None
@@ -129,6 +130,7 @@ async def train_async(
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
     builder = TokenBuilder(AutoTokenizer.from_pretrained(model_dir), tools=env.tool_schemas)
+    print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")  # "auto" fails here
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with open_worker_group(cfg, model_dir, engine=engine) as group:
         meter = BusyMeter(group.engine) if group.engine is not None else None
@@ -217,6 +219,22 @@ def _idle_metrics(metrics: Mapping[str, float], rollout_busy_s: float) -> dict[s
     }
 
 
+def _guard_tool_use(run: _Run, step: int, metrics: dict[str, float]) -> None:
+    """``trainer.stop_without_tool_calls``: fail a run whose policy no longer calls tools."""
+    limit = run.cfg.trainer.stop_without_tool_calls
+    if limit <= 0 or not run.builder.tools:
+        return
+    used = metrics.get("rollout/tool_episode_frac", 0.0) > 0
+    run.steps_without_tools = 0 if used else run.steps_without_tools + 1
+    if run.steps_without_tools >= limit:
+        raise AgentLoopError(
+            f"step {step}: no episode called a tool in the last {run.steps_without_tools} steps "
+            f"(trainer.stop_without_tool_calls={limit}): the policy stopped using its tools, so "
+            "training is single-turn. Check that rollout.parser reads this model's tool-call "
+            "format (auto picks it from the chat template), or raise/disable the guard (0)"
+        )
+
+
 async def _step(
     run: _Run, step: int, timer: PhaseTimer
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
@@ -229,6 +247,7 @@ async def _step(
     if cfg.rollout.save_trajectories:
         write_step_groups(run.out / "trajectories", step, groups, cfg.data.env)
     metrics.update(rollout_metrics(groups))
+    _guard_tool_use(run, step, metrics)
     metrics.update(version_metrics(groups, step - 1))
     trajs = [t for g in groups for t in g.trajectories]
     keep = [i for i, t in enumerate(trajs) if t.num_trained_tokens > 0]

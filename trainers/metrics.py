@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from agentloop.trainers.config import LoggingConfig
-from agentloop.types import StopReason, TrajectoryGroup
+from agentloop.types import StopReason, Trajectory, TrajectoryGroup
 
 __all__ = [
     "METRICS_FILE",
@@ -56,7 +56,8 @@ def _mean(values: Sequence[float]) -> float:
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     """``rollout/*``: reward, accuracy (the ``correct``/``acc`` reward metric, where the env
-    reports one), response length, turns, tool calls and errors, stop reasons."""
+    reports one), response length, turns, tool calls and errors, the share of episodes that
+    called a tool at all, the mean reward per turn position, stop reasons."""
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {"rollout/episodes": 0.0}
@@ -91,11 +92,25 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     firsts = [t for t in trajs if "segments" in t.metrics and not t.metrics["segment_index"]]
     if firsts:  # proxied agents: an episode of n segments rewrote its history n - 1 times
         out["rollout/segments_mean"] = _mean([t.metrics["segments"] for t in firsts])
+    out["rollout/tool_episode_frac"] = _mean([float(c > 0) for c in calls])
+    out.update(_turn_position_rewards(trajs))
     if any("overlong_penalty" in t.metrics for t in trajs):
         out["rollout/overlong_penalty_mean"] = _mean(
             [t.metrics.get("overlong_penalty", 0.0) for t in trajs]
         )
     return out
+
+
+_MAX_TURN_POSITIONS = 16  # keys per step stay bounded on very long episodes
+
+
+def _turn_position_rewards(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``rollout/turn_reward/k``: mean reward of turn ``k`` over the episodes that reached it."""
+    by_k: dict[int, list[float]] = {}
+    for t in trajs:
+        for k, r in enumerate(t.turn_rewards[:_MAX_TURN_POSITIONS]):
+            by_k.setdefault(k, []).append(r)
+    return {f"rollout/turn_reward/{k}": _mean(v) for k, v in sorted(by_k.items())}
 
 
 def mismatch_metrics(

@@ -1,0 +1,103 @@
+"""Turn-level advantages: per-turn discounted returns, each compared with the same turn position
+of the other episodes of its group (leave-one-out), so credit stays unbiased when turn counts vary.
+
+The estimator (``algorithm.adv_estimator=turn_rloo``). For episode ``i`` of a group with turns
+``k = 0..K_i-1`` and per-turn rewards ``r_ik`` (what ``env.step`` returned after turn ``k``):
+
+    G_ik = sum_{j >= k} gamma^(j-k) r_ij                    (the return from turn k on)
+    S_k  = {episodes of the group that reached turn k},  n_k = |S_k|
+    A_ik = G_ik - mean_{j in S_k, j != i} G_jk             (n_k >= 2; else A_ik = 0)
+    A_ik /= std_{j in S_k} G_jk + epsilon                  (only with norm_by_std)
+
+and every token sampled in turn ``k`` gets ``A_ik`` (prompt and observation tokens get 0).
+
+Why it is unbiased (with ``norm_by_std=false``). The policy gradient of turn ``k`` is
+``E[grad log pi(turn_ik) * (G_ik - b)]``; it is unchanged by a baseline ``b`` that does not depend
+on episode ``i``'s own actions. The episodes of a group are sampled independently given the
+prompt, so the leave-one-out mean over the *other* episodes is such a baseline; and whether
+another episode reached turn ``k`` depends only on that episode, so conditioning on ``S_k``
+keeps the independence. The estimator is therefore unbiased for every turn position, whatever
+the distribution of turn counts. The naive alternative — normalising all turns of a group
+together — compares a turn-5 return (few rewards left to collect) with turn-0 returns, so late
+turns get systematically negative advantages and early turns positive ones, and long episodes
+(more turns in the pool) move everyone's baseline: biased exactly when turn counts vary.
+Dividing by the per-position std (``norm_by_std``) rescales like GRPO; it uses episode ``i``'s
+own return, which changes magnitudes but not the sign of any advantage.
+A turn position reached by a single episode has no baseline and gets 0: it adds no gradient
+(and no bias). Within a group, the advantages of each turn position sum to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from agentloop.types import Trajectory, TrajectoryGroup
+
+__all__ = ["turn_returns", "turn_rloo_advantages", "turn_rloo_scores"]
+
+
+def turn_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
+    """``G_k = r_k + gamma * G_{k+1}`` for one episode's per-turn rewards."""
+    out, running = [0.0] * len(rewards), 0.0
+    for k in reversed(range(len(rewards))):
+        running = float(rewards[k]) + gamma * running
+        out[k] = running
+    return out
+
+
+def turn_rloo_scores(
+    returns: Sequence[Sequence[float]], *, norm_by_std: bool = False, epsilon: float = 1e-6
+) -> list[list[float]]:
+    """Advantages ``A_ik`` of one group from its episodes' per-turn returns ``G_ik`` (ragged)."""
+    depth = max((len(g) for g in returns), default=0)
+    out = [[0.0] * len(g) for g in returns]
+    for k in range(depth):
+        members = [i for i, g in enumerate(returns) if len(g) > k]
+        n = len(members)
+        if n < 2:
+            continue
+        values = torch.tensor([returns[i][k] for i in members], dtype=torch.float64)
+        loo = (values - values.mean()) * n / (n - 1)  # G_ik - mean of the other n-1
+        if norm_by_std:
+            loo = loo / (values.std(unbiased=True) + epsilon)
+        for i, a in zip(members, loo.tolist(), strict=True):
+            out[i][k] = a
+    return out
+
+
+def _turn_rewards(t: Trajectory) -> list[float]:
+    """The per-turn rewards; reward given outside ``env.step`` (DAPO's overlong shaping, a
+    trajectory built by hand) belongs to the last turn, so the turns sum to ``t.reward``."""
+    rewards = list(t.turn_rewards)
+    if rewards:
+        rewards[-1] += t.reward - sum(rewards)
+    return rewards
+
+
+def _token_advantages(t: Trajectory, per_turn: Sequence[float]) -> torch.Tensor:
+    adv = torch.zeros(len(t.token_ids), dtype=torch.float32)
+    for turn, a in zip(t.turns, per_turn, strict=True):
+        adv[turn.start : turn.start + turn.completion_tokens] = a
+    return adv * torch.tensor(t.loss_mask, dtype=torch.float32)
+
+
+def turn_rloo_advantages(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    keep: Sequence[int] | None = None,
+    norm_by_std: bool = False,
+    epsilon: float = 1e-6,
+    gamma: float = 1.0,
+) -> list[torch.Tensor]:
+    """Per-token advantages ``[L_i]`` of trajectories ``keep`` (indices into the groups'
+    trajectories flattened in order; default all), as in the module docstring. Every
+    trajectory of a group, kept or not, takes part in its turn positions' baselines."""
+    per_traj: list[torch.Tensor] = []
+    for g in groups:
+        returns = [turn_returns(_turn_rewards(t), gamma) for t in g.trajectories]
+        scores = turn_rloo_scores(returns, norm_by_std=norm_by_std, epsilon=epsilon)
+        per_traj += [_token_advantages(t, s) for t, s in zip(g.trajectories, scores, strict=True)]
+    rows = range(len(per_traj)) if keep is None else keep
+    return [per_traj[i] for i in rows]
