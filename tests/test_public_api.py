@@ -25,8 +25,8 @@ PUBLIC = {
     },
     "agentloop.tools": {
         "HermesParser", "Tool", "ToolCallParser", "ToolContext", "ToolErrorKind", "ToolOutput",
-        "ToolResult", "ToolSession", "Toolset", "available_parsers", "get_parser",
-        "register_parser", "tool", "truncate_to_tokens",
+        "ToolResult", "ToolSession", "Toolset", "available_parsers", "detect_parser",
+        "get_parser", "register_parser", "resolve_parser", "tool", "truncate_to_tokens",
     },
     "agentloop.envs": {
         "AnswerHook", "CalcEnv", "EngineUser", "Env", "EnvSpec", "GymnasiumEnv", "Reward",
