@@ -26,7 +26,7 @@ def test_an_sdk_agent_trains_for_three_steps(
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
     args = [str(config), *run_overrides(calc_caller_dir, out), *AGENT_ARGS,
-            f"trainer.mode={mode}", "trainer.max_staleness=1"]  # fmt: skip
+            f"trainer.mode={mode}", "trainer.max_staleness=1", "actor.tis_cap=2.0"]  # fmt: skip
     proc = train_cli.spawn(args, log)
     assert proc.wait(900) == 0, log.read_text()[-3000:]
     metrics = read_metrics(out)
