@@ -30,6 +30,7 @@ from agentloop.eval_report import (
     SUMMARY_FILE,
     TRAJECTORIES_FILE,
     EvalSummary,
+    is_final_segment,
     read_run,
     summarize,
 )
@@ -247,10 +248,11 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
                 nonlocal tokens
                 if (t.task_id, t.sample_index) in done:
                     return  # replayed for a half-finished task: the first copy stays
-                done.add((t.task_id, t.sample_index))
                 writer.write(_record(t, config.env, hook, task_by_id[t.task_id]))
                 tokens += t.num_trained_tokens
-                bar.update(1)
+                if is_final_segment(t.metrics):  # a proxied agent's episode may have several
+                    done.add((t.task_id, t.sample_index))
+                    bar.update(1)
 
             gen_s = await _collect_missing(tasks, set(done), config, builder, on_trajectory, engine)
     finally:

@@ -31,6 +31,7 @@ __all__ = [
     "Comparison",
     "EvalSummary",
     "compare_runs",
+    "is_final_segment",
     "print_comparison",
     "print_summary",
     "read_run",
@@ -189,6 +190,13 @@ def _majority(records: Sequence[Mapping[str, Any]]) -> float:
     return _mean([w is not None and right[(task, w)] for task, w in winners.items()])
 
 
+def is_final_segment(metrics: Mapping[str, float]) -> bool:
+    """Whether a trajectory ends its episode. An agent run through the proxy
+    (``agentloop.proxy``) that rewrote its history has one trajectory per segment, all written;
+    the last one holds the answer and stands for the episode in summaries."""
+    return metrics.get("segment_index", 0.0) >= metrics.get("segments", 1.0) - 1
+
+
 def read_run(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of run directory ``run`` (its trajectories file), the first copy of each
     (task, sample) only. A torn last line from a killed run is skipped."""
@@ -198,6 +206,8 @@ def read_run(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
     seen: set[tuple[str, int]] = set()
     out = []
     for r in iter_jsonl(path, require=("task_id", "sample_index")):
+        if not is_final_segment(r.get("metrics") or {}):
+            continue  # an earlier segment of a proxied agent's episode: the last one stands for it
         if (key := (r["task_id"], r["sample_index"])) not in seen:
             seen.add(key)
             out.append(r)

@@ -199,3 +199,18 @@ async def test_the_proxy_closes_half_open_connections_and_refuses_nested_json(
         async with aiohttp.ClientSession() as s, s.post(url, data=nested, headers=headers) as r:
             assert r.status == 400 and r.content_type == "application/json"
             assert "nested too deeply" in (await r.json())["error"]["message"]
+
+
+async def test_eval_writes_every_segment_and_counts_each_episode_once(
+    tokenizer: Any, tiny_model_dir: Any, tmp_path: Any
+) -> None:
+    from agentloop.eval import EvalConfig, eval_async
+    from agentloop.io import read_jsonl
+
+    agent = {"agent": "agentloop.testing.calc_agent:rewriting_calc_agent"}
+    config = EvalConfig(AGENT_ENV, str(tiny_model_dir), tmp_path / "run", n=2, num_tasks=2,
+                        rollout=RolloutConfig(max_turns=4), env_kwargs=agent)  # fmt: skip
+    summary = await eval_async(config, engine=_engine(tokenizer), progress=False)
+    records = read_jsonl(tmp_path / "run" / "trajectories.jsonl")
+    assert len(records) == 8  # 2 tasks x 2 samples x 2 segments: none dropped
+    assert summary.episodes == 4 and sum(summary.stop_reasons.values()) == 4
