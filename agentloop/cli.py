@@ -121,7 +121,7 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add("--max-turns", type=int, default=8, help="model requests per episode (default: 8)")
     add("--max-prompt-len", type=int, default=1024, help="first prompt's tokens (default: 1024)")
     add("--max-response-len", type=int, default=1024, help="tokens after it (default: 1024)")
-    add("--parser", default="hermes", help="tool-call parser (default: hermes)")
+    add("--parser", default="auto", help="tool-call parser (default: auto, from the template)")
     from agentloop.sandboxes.http_limits import add_http_args
 
     add_http_args(parser)

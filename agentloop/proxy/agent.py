@@ -84,6 +84,7 @@ async def agent_rollout(
             builder=builder,
             limits=_limits(env, config),
             sampling=sampling,
+            parser=config.parser,
         )
         client = proxy.client(episode, timeout=timeout)
         try:

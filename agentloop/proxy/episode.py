@@ -137,7 +137,7 @@ class Episode:
         self.id = episode_id
         self.builder_for = builder_for
         self.limits, self.sampling = limits, sampling
-        self.parser = get_parser(parser)
+        self.parser_name, self.parser = parser, get_parser(parser)
         self.lock = asyncio.Lock()  # one request at a time: the assembly is sequential
         self.segments: list[_Segment] = []
         self.requests = 0
@@ -164,6 +164,13 @@ class Episode:
                 out.append(m)
                 continue
             raw = self._raw.get(m)
+            if raw is None and m[1] and self.parser_name != "hermes":
+                raise ProxyRequestError(
+                    f"messages[{i}] is an assistant message with tool calls that this proxy did "
+                    f"not return; it can write such calls only for the hermes format, and this "
+                    f"model uses {self.parser_name!r}: send replies back as received",
+                    param=f"messages[{i}].tool_calls",
+                )
             out.append(Message("assistant", raw if raw is not None else _markup(m, i)))
         return out
 

@@ -28,7 +28,7 @@ class ServeProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
-    parser: str = "hermes"
+    parser: str = "auto"
     seed: int = 0
     http: HttpLimits = field(default_factory=HttpLimits)
 

@@ -69,7 +69,7 @@ class AgentProxy:
         open_episodes: bool = False,
         limits: EpisodeLimits | None = None,
         sampling: EpisodeSampling | None = None,
-        parser: str = "hermes",
+        parser: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
         http: HttpLimits | None = None,
@@ -137,8 +137,11 @@ class AgentProxy:
         builder: TokenBuilder | None = None,
         limits: EpisodeLimits | None = None,
         sampling: EpisodeSampling | None = None,
+        parser: str | None = None,
     ) -> Episode:
-        """Start recording an episode; its id is what the agent's client sends as API key."""
+        """Start recording an episode; its id is what the agent's client sends as API key.
+        ``parser`` (default: the proxy's) reads tool calls out of the model's text; ``auto``
+        is the one the chat template implies."""
         eid = episode_id or f"ep-{uuid.uuid4().hex}"
         if eid in self.episodes:
             raise AgentLoopError(f"episode {eid!r} is already open; close it first")
@@ -148,7 +151,7 @@ class AgentProxy:
             lambda tools: self._builder(base, tools),
             limits or self.limits,
             sampling or self.sampling,
-            parser=self.parser,
+            parser=base.parser_for(parser or self.parser),
         )
         self.episodes[eid] = episode
         return episode
