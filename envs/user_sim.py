@@ -176,6 +176,9 @@ class UserSimEnv(Env):
     async def close(self) -> None:
         await self.env.close()
 
+    async def preflight(self) -> None:
+        await self.env.preflight()  # the task env's services (its sandbox)
+
 
 def _fill(template: str, task: Task) -> str:
     try:
