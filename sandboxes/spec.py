@@ -9,7 +9,7 @@ from typing import Any
 
 from agentloop.errors import ConfigError
 
-from .base import Sandbox, available_sandboxes, make_sandbox
+from .base import Sandbox, SandboxLimits, available_sandboxes, make_sandbox
 
 __all__ = ["SandboxConfig", "SandboxSpec", "sandbox_spec"]
 
@@ -23,7 +23,13 @@ class SandboxSpec:
     options: tuple[tuple[str, Any], ...] = ()
 
     def build(self) -> Sandbox:
-        return make_sandbox(self.backend, **{k: _thaw(v) for k, v in self.options})
+        options = {k: _thaw(v) for k, v in self.options}
+        if isinstance(options.get("limits"), Mapping):  # from YAML: {timeout_s: 10, ...}
+            try:
+                options["limits"] = SandboxLimits(**options["limits"])
+            except TypeError as exc:
+                raise ConfigError(f"sandbox limits {options['limits']!r}: {exc}") from None
+        return make_sandbox(self.backend, **options)
 
     def __str__(self) -> str:
         if not self.options:
@@ -42,8 +48,9 @@ def sandbox_spec(value: SandboxConfig) -> SandboxSpec:
     - server URLs, comma-separated: ``"http://10.0.0.5:8080,http://10.0.0.6:8080"`` (the
       ``remote`` backend);
     - a mapping with ``backend`` and that backend's options, e.g. ``{"backend": "remote",
-      "urls": [...], "token_env": "SANDBOX_TOKEN", "connect_timeout_s": 3}``, or its JSON text
-      (what ``--env-arg sandbox='{...}'`` passes).
+      "urls": [...], "token_env": "SANDBOX_TOKEN", "connect_timeout_s": 3}`` or ``{"backend":
+      "local", "pool_size": 8, "limits": {"memory_mb": 2048}}``, or its JSON text (what
+      ``--env-arg sandbox='{...}'`` passes).
     """
     if isinstance(value, SandboxSpec):
         return value

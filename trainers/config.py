@@ -276,10 +276,10 @@ class TrainerConfig:
     (disaggregated), the weights pushed from trainer rank 0 over a collective group (gloo on
     CPU, NCCL on GPU); 0: an engine colocated with every trainer worker."""
     max_failed_steps: int = 3
-    """Stop the run with an error after this many consecutive steps whose rollouts all failed
-    (an error stop reason, or tool calls that all failed with ``tool_exception``/``timeout``: a
-    dead sandbox, search service or engine; episodes that called no tool are not counted either
-    way); 0: never stop."""
+    """Stop the run with an error after this many steps whose rollouts all failed, with no step
+    between them where they worked: error stop reasons or ``tool_exception``/``timeout`` tool
+    errors (a dead sandbox, search service or engine) and no tool call that gave a result;
+    0: never stop."""
     tool_error_warn_rise: float = 0.25
     """Warn when a step's tool-error rate is this much above the run's mean so far (0 to 1;
     e.g. a sandbox server going down); 0: never warn."""

@@ -24,13 +24,15 @@ class RolloutsFailedError(AgentLoopError):
 
 
 def rollout_failed(t: Trajectory) -> bool:
-    """An episode that failed for the run's services rather than the policy: an error stop
-    reason (engine, env, timeout, fatal tool), or tool calls that all failed with a tool
-    exception or a timeout (a dead sandbox turns every call into one)."""
-    if t.stop_reason.is_error:
-        return True
-    calls = t.metrics.get("tool_calls", 0.0)
-    return calls > 0 and sum(t.metrics.get(k, 0.0) for k in _SERVICE_ERRORS) >= calls
+    """An episode the run's services failed rather than the policy: an error stop reason
+    (engine, env, timeout, fatal tool), or a tool call that failed with a tool exception or a
+    timeout (a dead sandbox turns every call into one)."""
+    return t.stop_reason.is_error or any(t.metrics.get(k, 0.0) for k in _SERVICE_ERRORS)
+
+
+def _tools_worked(t: Trajectory) -> bool:
+    """At least one tool call of the episode gave a result: the tools' services work."""
+    return t.metrics.get("tool_calls", 0.0) > t.metrics.get("tool_errors", 0.0)
 
 
 def _first_error(trajs: Sequence[Trajectory]) -> str:
@@ -46,10 +48,15 @@ def _first_error(trajs: Sequence[Trajectory]) -> str:
 
 @dataclass
 class RunGuard:
-    """Watches each step's rollouts: after ``max_failed_steps`` consecutive steps whose rollouts
-    all failed (0: never; episodes that called no tool are not counted either way),
-    ``should_stop`` is true and ``stop`` gives the run's error; a warning is logged when a
-    step's tool-error rate rises ``warn_rise`` above the run's mean so far."""
+    """Watches each step's rollouts: after ``max_failed_steps`` steps whose rollouts all failed
+    (0: never), with no step between them where they worked, ``should_stop`` is true and
+    ``stop`` gives the run's error; a warning is logged when a step's tool-error rate rises
+    ``warn_rise`` above the run's mean so far.
+
+    A step *failed* when some rollout failed (:func:`rollout_failed`) and no tool call of the
+    step gave a result; it *worked* when a tool call did, or when nothing failed and no tool
+    was called. A step whose only calls were malformed (the policy's errors) shows nothing
+    either way: with a dead sandbox a policy still garbles, or answers, some prompts."""
 
     max_failed_steps: int
     warn_rise: float = 0.25
@@ -64,15 +71,13 @@ class RunGuard:
         ``rollout/failed_frac`` metric."""
         self._watch_tool_errors(step, tool_error_rate)
         failed = sum(rollout_failed(t) for t in trajs)
-        # an episode that called no tool shows nothing either way (with a dead sandbox the
-        # model may still answer some prompts without it)
-        silent = sum(not rollout_failed(t) and not t.metrics.get("tool_calls") for t in trajs)
         metrics = {"rollout/failed_frac": failed / len(trajs) if trajs else 0.0}
-        if failed and failed + silent == len(trajs):
+        worked = any(_tools_worked(t) for t in trajs)
+        if failed and not worked:
             self.failed_streak += 1
             log.warning("step %d: every rollout failed: %s", step, _first_error(trajs))
-        else:
-            self.failed_streak = 0
+        elif worked or not any(t.metrics.get("tool_calls") for t in trajs):
+            self.failed_streak = 0  # the tools worked, or nothing failed and none were called
         return metrics
 
     @property

@@ -63,6 +63,8 @@ def test_sandbox_settings_from_config() -> None:
     from_cli = json.dumps(from_yaml)  # --env-arg sandbox='{...}'
     assert sandbox_spec(from_yaml) == sandbox_spec(from_cli)
     assert hash(sandbox_spec(from_yaml))  # one shared sandbox per setting
+    fake = sandbox_spec({"backend": "fake", "limits": {"timeout_s": 3}}).build()
+    assert fake.limits.timeout_s == 3  # limits from YAML become SandboxLimits
     with pytest.raises(ConfigError, match="unknown sandbox backend 'remtoe'"):
         sandbox_spec("remtoe")
     with pytest.raises(ConfigError, match="need 'backend'"):

@@ -15,7 +15,8 @@ DOWN = "Error: tool 'python' failed: the sandbox could not run the code: sandbox
 
 
 def _traj(stop: StopReason = StopReason.DONE, *, calls: int = 0, failed: int = 0) -> Trajectory:
-    metrics = {"tool_calls": float(calls), "tool_error/tool_exception": float(failed)}
+    metrics = {"tool_calls": float(calls), "tool_errors": float(failed),
+               "tool_error/tool_exception": float(failed)}  # fmt: skip
     messages = (Message("tool", DOWN),) if failed else ()
     error = "InferenceError: engine gone" if stop.is_error else None
     return Trajectory("t", (1, 2), (0, 1), (0.0, -0.1), 1, 0.0, stop, messages=messages,
@@ -24,25 +25,38 @@ def _traj(stop: StopReason = StopReason.DONE, *, calls: int = 0, failed: int = 0
 
 def test_what_counts_as_a_failed_rollout() -> None:
     assert rollout_failed(_traj(StopReason.ENGINE_ERROR))
-    assert rollout_failed(_traj(calls=2, failed=2))  # every call hit a dead service
-    assert not rollout_failed(_traj(calls=2, failed=1))  # one call worked
+    assert rollout_failed(_traj(calls=2, failed=1))  # a call hit a dead service
     assert not rollout_failed(_traj(calls=0))  # answered without tools
     assert not rollout_failed(_traj(StopReason.MAX_TURNS, calls=1, failed=0))
 
 
-def test_the_run_stops_after_n_consecutive_failed_steps_with_the_error() -> None:
+def _garbled() -> Trajectory:
+    """Only a malformed call: the policy's error, which says nothing about the services."""
+    t = _traj(calls=1)
+    return Trajectory(t.task_id, t.token_ids, t.loss_mask, t.logprobs, t.prompt_len, 0.0,
+                      t.stop_reason, metrics={"tool_calls": 1.0, "tool_errors": 1.0,
+                                              "tool_error/invalid_json": 1.0})  # fmt: skip
+
+
+def test_the_run_stops_after_n_failed_steps_with_the_error() -> None:
     guard = RunGuard(max_failed_steps=2)
-    dead = [_traj(calls=1, failed=1), _traj(calls=1, failed=1), _traj(calls=0)]
-    assert guard.check(1, dead, 1.0)["rollout/failed_frac"] == pytest.approx(2 / 3)
+    dead = [_traj(calls=1, failed=1), _traj(calls=1, failed=1), _traj(calls=0), _garbled()]
+    assert guard.check(1, dead, 1.0)["rollout/failed_frac"] == pytest.approx(2 / 4)
     assert not guard.should_stop
-    guard.check(2, [_traj(calls=1, failed=0)], 0.0)  # a good step resets the streak
+    guard.check(2, [_traj(calls=1, failed=0)], 0.0)  # the tools worked: the count restarts
     guard.check(3, dead, 1.0)
+    guard.check(4, [_traj(calls=0), _garbled()], 0.5)  # shows nothing either way
     assert not guard.should_stop
-    guard.check(4, dead, 1.0)
+    assert guard.failed_streak == 1
+    guard.check(5, [*dead, _traj(calls=2, failed=1)], 0.5)  # a call gave a result
+    assert guard.failed_streak == 0
+    guard.check(6, dead, 1.0)
+    guard.check(7, [_garbled()], 1.0)
+    guard.check(8, dead, 1.0)
     assert guard.should_stop
-    with pytest.raises(RolloutsFailedError, match=r"step 4: the rollouts of the last 2 steps"):
-        raise guard.stop(4, dead)
-    assert "sandbox server X is down" in str(guard.stop(4, dead))
+    with pytest.raises(RolloutsFailedError, match=r"step 8: the rollouts of the last 2 steps"):
+        raise guard.stop(8, dead)
+    assert "sandbox server X is down" in str(guard.stop(8, dead))
     never = RunGuard(max_failed_steps=0)
     for step in range(5):
         never.check(step, dead, 1.0)

@@ -38,11 +38,23 @@ def test_a_run_whose_sandbox_dies_stops_after_n_failed_steps_with_the_error(
         out, log = tmp_path / "run", tmp_path / "train.log"
         config = tmp_path / "run.yaml"
         config.write_text("{}\n")
-        args = [str(config), *overrides(calc_caller_dir, out,
-                f"data.env_kwargs.sandbox={url}", "trainer.total_steps=6",
-                "trainer.max_failed_steps=2", "rollout.max_response_len=160",
-                "rollout.max_prompt_len=512", "rollout.max_tool_output_tokens=64",
-                "checkpoint.every=0", "checkpoint.save_final=false")]  # fmt: skip
+        args = [
+            str(config),
+            *overrides(
+                calc_caller_dir,
+                out,
+                f"data.env_kwargs.sandbox={url}",
+                "trainer.total_steps=6",
+                "trainer.max_failed_steps=2",
+                "rollout.max_response_len=160",
+                "rollout.max_prompt_len=512",
+                "rollout.max_tool_output_tokens=64",
+                "checkpoint.every=0",
+                "checkpoint.save_final=false",
+                "actor.lr=1e-7",
+                "actor.entropy_coef=0.0",
+            ),
+        ]  # fmt: skip  (it stays a caller)
         proc = train_cli.spawn(args, log)
         deadline = time.monotonic() + 600
         while "model " not in log.read_text():  # printed once the env's sandbox was checked
