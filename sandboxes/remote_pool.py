@@ -211,13 +211,14 @@ class RemotePool:
 
     async def _probe(self, server: _Server) -> None:
         server.down_since = time.monotonic()
-        for _ in range(2):  # the first try may meet a connection the old server left half-open
-            with contextlib.suppress(SandboxError, TimeoutError):
-                async with asyncio.timeout(self.health_timeout_s):
-                    await server.client._request("GET", server.url, "/health", None, 2.0)
-                server.up = True
-                log.warning("sandbox server %s answers again; it takes new sessions", server.url)
-                return
+        # a fresh connection pool: the dead server's kept-alive connections are half-open
+        await server.client.close()
+        await server.client.start()
+        with contextlib.suppress(SandboxError, TimeoutError):
+            async with asyncio.timeout(self.health_timeout_s):
+                await server.client._request("GET", server.url, "/health", None, 2.0)
+            server.up = True
+            log.warning("sandbox server %s answers again; it takes new sessions", server.url)
 
     async def _by_load(self) -> list[_Server]:
         await self._revive()
