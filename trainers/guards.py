@@ -36,12 +36,14 @@ def _tools_worked(t: Trajectory) -> bool:
 
 
 def _first_error(trajs: Sequence[Trajectory]) -> str:
-    for t in trajs:
-        if t.error:
+    """The first failed rollout's error: its stop's, else its first failed tool call's."""
+    failed = [t for t in trajs if rollout_failed(t)]
+    for t in failed:
+        if t.stop_reason.is_error and t.error:
             return f"{t.stop_reason.value}: {t.error}"
-    for t in trajs:
-        for m in t.messages:
-            if m.role == "tool" and str(m.content).startswith("Error:"):
+    for t in failed:
+        for m in t.messages:  # the dispatcher's words for a tool exception or a timeout
+            if m.role == "tool" and str(m.content).startswith("Error: tool "):
                 return str(m.content)[:500]
     return "(no error text)"
 
