@@ -202,3 +202,28 @@ def test_parsers_read_their_format(parser: str, text: str, expected: list[Any]) 
 def test_a_broken_call_is_an_error_call_not_dropped(parser: str, text: str) -> None:
     calls = get_parser(parser).parse(text)
     assert len(calls) == 1 and calls[0].parse_error
+
+
+@pytest.mark.slow
+def test_agentloop_eval_picks_the_parser_from_a_family_template(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from agentloop.cli import main
+
+    model = wear_family(tiny_model_dir, "llama3", tmp_path / "llama3")
+    (model / "model.safetensors").symlink_to(tiny_model_dir / "model.safetensors")
+    args = ["eval", "--env", "agentloop/Calc-v0", "--model", str(model), "--engine", "hf",
+            "--quiet", "--n", "1", "--num-tasks", "1", "--max-response-len", "16"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "run")]) == 0
+    from agentloop.eval import _sha256
+
+    parser_part = json.loads((tmp_path / "run" / "config.json").read_text())["config_parts"]
+    resolved = ["llama3_json", "agentloop.tools.family_parsers.Llama3JsonParser"]
+    assert parser_part["parser"] == _sha256(resolved)  # the run records the resolved parser
+    tok = json.loads((model / "tokenizer_config.json").read_text())
+    tok["chat_template"] = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps(tok))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    assert main([*args, "--out", str(tmp_path / "bad")]) == 2  # named error, not a default
