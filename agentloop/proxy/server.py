@@ -79,7 +79,7 @@ class AgentProxy:
         self.open_episodes = open_episodes
         self.limits = limits or EpisodeLimits()
         self.sampling = sampling or EpisodeSampling(fixed=False)
-        self.parser = builder.parser_for(parser)  # "auto": the chat template's format
+        self.parser = parser
         self.host, self.port = host, port
         self.episodes: dict[str, Episode] = {}
         self.requests_served = 0
