@@ -195,6 +195,29 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
         "openai: served_model=NAME)",
     )
     add("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env kwarg, repeatable")
+    add(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="add an MCP server's tools to the env, repeatable: 'mcp:COMMAND ARGS' (stdio) or "
+        "'mcp:http://HOST:PORT/mcp'; a tool named like an env tool replaces it",
+    )
+    add("--record", metavar="DIR", help="record every tool call to DIR/tool_calls.jsonl")
+    add("--replay", metavar="DIR", help="serve tool outputs from a recording instead of the tools")
+    add(
+        "--replay-miss",
+        choices=("error", "fail", "live"),
+        default="error",
+        help="a call not in the recording: an error observation (default), a failed run, or "
+        "the live tool",
+    )
+    add(
+        "--replay-latency",
+        choices=("zero", "recorded"),
+        default="zero",
+        help="replayed calls take no time (default) or their recorded time",
+    )
     for flag, kind in (
         ("max-turns", int),
         ("max-prompt-len", int),
@@ -231,6 +254,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentloop.eval import EvalConfig, run_eval
     from agentloop.eval_report import compare_runs, print_comparison, print_summary
     from agentloop.rollout import RolloutConfig
+    from agentloop.tools.recording import ToolTapeConfig
 
     if args.compare:
         print_comparison(compare_runs(*args.compare, n_resamples=args.resamples, seed=args.seed))
@@ -266,6 +290,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         rollout=rollout,
         env_kwargs=_key_values(args.env_arg),
         engine_args=_key_values(args.engine_arg),
+        tools=tuple(args.tools),
+        tool_io=ToolTapeConfig.of(args.record, args.replay, args.replay_miss, args.replay_latency),
     )
     # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

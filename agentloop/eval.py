@@ -22,7 +22,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.checksums import model_fingerprint
 from agentloop.collect import collect
 from agentloop.engines.base import Engine
-from agentloop.envs import make
+from agentloop.envs import Env, ToolEnv, make
 from agentloop.envs.base import AnswerHook
 from agentloop.errors import ConfigError
 from agentloop.eval_report import (
@@ -36,7 +36,8 @@ from agentloop.eval_report import (
 )
 from agentloop.io import JsonlWriter, read_json_object, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
-from agentloop.tools import get_parser
+from agentloop.tools import Tool, get_parser
+from agentloop.tools.recording import ToolTapeConfig, tool_tape
 from agentloop.types import Task, Trajectory
 
 __all__ = [
@@ -93,6 +94,12 @@ class EvalConfig:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of the engine's constructor (vLLM settings; ``served_model`` for the
     OpenAI engine)."""
+    tools: tuple[str, ...] = ()
+    """Extra tools for the env (a ``ToolEnv``): ``mcp:COMMAND ARGS`` or ``mcp:URL``, an MCP
+    server's tools (``agentloop.tools.mcp``); one named like an env tool replaces it."""
+    tool_io: ToolTapeConfig = field(default_factory=ToolTapeConfig)
+    """Record every tool call to a directory, or replay tool outputs from one
+    (``--record``, ``--replay``, ``--replay-miss``, ``--replay-latency``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -197,8 +204,9 @@ async def eval_async(
 ) -> EvalSummary:
     """:func:`run_eval` in a running event loop, optionally with an engine already started in
     it (validation during training, tests); without one the engine ``config.engine`` is started
-    and shut down here. One eval at a time writes to a run directory (see :func:`_run_lock`)."""
-    with _run_lock(config.out):
+    and shut down here. One eval at a time writes to a run directory (see :func:`_run_lock`).
+    Tool calls are recorded or replayed as ``config.tool_io`` says."""
+    with _run_lock(config.out), tool_tape(config.tool_io):
         return await _eval_locked(config, engine, progress)
 
 
@@ -224,11 +232,32 @@ def _run_lock(out: Path) -> Iterator[None]:
         yield
 
 
+def _env_factory(config: EvalConfig) -> Callable[[], Env]:
+    """Makes the env of ``config``, with the ``--tools`` added (listed once, shared)."""
+    from agentloop.tools.mcp import mcp_tools, parse_tool_spec
+
+    extra: list[Tool] = [t for spec in config.tools for t in mcp_tools(parse_tool_spec(spec))]
+
+    def factory() -> Env:
+        env = make(config.env, **config.env_kwargs)
+        if extra:
+            if not isinstance(env, ToolEnv):
+                raise ConfigError(
+                    f"--tools adds tools to a ToolEnv; {config.env} is a {type(env).__name__}"
+                )
+            env.add_tools(extra)
+        return env
+
+    return factory
+
+
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
     from transformers import AutoTokenizer
 
-    env = make(config.env, **config.env_kwargs)
-    await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors
+    factory = _env_factory(config)
+    env = factory()
+    if config.tool_io.uses_live_tools:  # a replay needs no tool service
+        await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors
     builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
@@ -254,7 +283,9 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
                     done.add((t.task_id, t.sample_index))
                     bar.update(1)
 
-            gen_s = await _collect_missing(tasks, set(done), config, builder, on_trajectory, engine)
+            gen_s = await _collect_missing(
+                tasks, set(done), config, builder, on_trajectory, engine, factory
+            )
     finally:
         bar.close()
     elapsed = time.perf_counter() - started
@@ -285,6 +316,7 @@ async def _collect_missing(
     builder: TokenBuilder,
     on_trajectory: Callable[[Trajectory], None],
     engine: Engine | None,
+    factory: Callable[[], Env],
 ) -> float:
     """``collect`` the (task, sample) pairs not in ``done``; return the seconds spent playing
     (engine start-up excluded). ``collect`` plays sample indices
@@ -305,14 +337,13 @@ async def _collect_missing(
         for size, group in sorted(by_size.items()):
             await collect(
                 group,
-                config.env,
+                factory,
                 live,
                 builder,
                 config=config.rollout,
                 group_size=size,
                 concurrency=config.concurrency,
                 seed=config.seed,
-                env_kwargs=config.env_kwargs,
                 on_trajectory=on_trajectory,
             )
         return time.perf_counter() - started
@@ -362,6 +393,7 @@ def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> se
         "n": config.n,
         "num_tasks": config.num_tasks,
         "engine": config.engine,
+        "tools": list(config.tools),
         "rollout": dataclasses.asdict(config.rollout),
         "created": time.time(),
     }

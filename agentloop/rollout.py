@@ -19,6 +19,7 @@ from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.envs import Env, StepResult
 from agentloop.errors import ConfigError, ToolFatalError
 from agentloop.tools import get_parser, truncate_to_tokens
+from agentloop.tools.recording import episode_scope
 from agentloop.types import Completion, Message, StopReason, Task, Trajectory, Turn
 
 __all__ = ["RolloutConfig", "rollout"]
@@ -189,8 +190,10 @@ async def rollout(
     episode = _Episode(task.id, sample_index)
     reason, error = StopReason.DONE, None
     try:
+        # episode_scope: the env's tool session learns which episode it serves (tool record/replay)
         async with asyncio.timeout(config.timeout_s):
-            await _play(episode, env, engine, builder, task, config, seed)
+            with episode_scope(task.id, sample_index):
+                await _play(episode, env, engine, builder, task, config, seed)
     except _Stop as stop:
         reason, error = stop.reason, stop.error
     except TimeoutError:

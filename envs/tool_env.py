@@ -53,6 +53,13 @@ class ToolEnv(Env):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self.toolset.schemas
 
+    def add_tools(self, tools: Sequence[Tool]) -> None:
+        """Add ``tools`` (e.g. an MCP server's, ``agentloop eval --tools``) to the env's; one named
+        like a tool of the env replaces it, so a built-in tool can be served by another backend."""
+        merged = {t.name: t for t in self.toolset}
+        merged.update({t.name: t for t in tools})
+        self.toolset = Toolset(list(merged.values()), max_parallel=self.toolset.max_parallel)
+
     def prompt(self, task: Task) -> list[Message]:
         """Initial messages for ``task``: the system prompt (if any) and ``task.data["prompt"]``."""
         if "prompt" not in task.data:

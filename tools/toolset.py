@@ -15,6 +15,14 @@ from typing import Any
 
 from agentloop.errors import ToolError, ToolFatalError, did_you_mean
 from agentloop.tools.context import ToolContext
+from agentloop.tools.recording import (
+    CallKey,
+    RecordedCall,
+    ReplayMiss,
+    ToolTape,
+    current_episode,
+    current_tape,
+)
 from agentloop.tools.runtime import (
     CANCEL_GRACE_S,
     DeadlineExceeded,
@@ -22,7 +30,7 @@ from agentloop.tools.runtime import (
     call_with_deadline,
 )
 from agentloop.tools.tool import Tool
-from agentloop.types import Message, ToolCall
+from agentloop.types import Message, Task, ToolCall
 
 __all__ = ["ToolErrorKind", "ToolOutput", "ToolResult", "ToolSession", "Toolset"]
 
@@ -38,6 +46,7 @@ class ToolErrorKind(enum.StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"  # arguments missing, unexpected or of the wrong type
     TOOL_EXCEPTION = "tool_exception"  # the tool raised (or returned something not JSON-able)
     TIMEOUT = "timeout"  # the tool ran past its timeout_s
+    REPLAY_MISS = "replay_miss"  # a replayed run met a call its recording does not hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +154,18 @@ class ToolSession:
 
     Closing the session (``async with`` exit or ``aclose()``) exits every resource the tools
     entered through ``context.enter``, also when the episode fails or is cancelled.
+
+    When a run records or replays tool I/O (:mod:`agentloop.tools.recording`), the session
+    takes the tape and the episode's identity as it opens, and every call that reaches a tool
+    goes through the tape: this is the one place where record/replay hooks into dispatch.
     """
 
     def __init__(self, toolset: Toolset, task: Any = None) -> None:
         self.toolset = toolset
         self.context = ToolContext(task)
+        self._tape = current_tape()
+        self._episode = current_episode() or (task.id if isinstance(task, Task) else "", 0)
+        self._turn = 0  # the episode's tool-calling turns so far (part of a recorded call's key)
 
     async def __aenter__(self) -> ToolSession:
         return self
@@ -168,10 +184,14 @@ class ToolSession:
             raise ToolError("dispatch on a closed tool session; open a new one per episode")
         if not calls:
             return []
+        turn, self._turn = self._turn, self._turn + 1
         if len(calls) == 1:  # the common turn: no task, gather or semaphore to set up
-            return [await self._run(calls[0], _UNBOUNDED)]
+            return [await self._run(calls[0], _UNBOUNDED, turn, 0)]
         parallel = asyncio.Semaphore(self.toolset.max_parallel)
-        tasks = [asyncio.ensure_future(self._run(call, parallel)) for call in calls]
+        tasks = [
+            asyncio.ensure_future(self._run(call, parallel, turn, i))
+            for i, call in enumerate(calls)
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -181,15 +201,17 @@ class ToolSession:
             if pending:
                 await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
 
-    async def _run(self, call: ToolCall, parallel: AbstractAsyncContextManager[Any]) -> ToolResult:
+    async def _run(
+        self, call: ToolCall, parallel: AbstractAsyncContextManager[Any], turn: int, index: int
+    ) -> ToolResult:
         start = time.perf_counter()
-        content, kind = await self._execute(call, parallel)
+        content, kind = await self._execute(call, parallel, turn, index)
         if isinstance(content, ToolOutput):
             return ToolResult(call, content.text, kind, time.perf_counter() - start, content.images)
         return ToolResult(call, content, kind, time.perf_counter() - start)
 
     async def _execute(
-        self, call: ToolCall, parallel: AbstractAsyncContextManager[Any]
+        self, call: ToolCall, parallel: AbstractAsyncContextManager[Any], turn: int, index: int
     ) -> tuple[str | ToolOutput, ToolErrorKind | None]:
         if call.parse_error is not None:
             return f"Error: invalid tool call: {call.parse_error}", ToolErrorKind.INVALID_JSON
@@ -205,10 +227,51 @@ class ToolSession:
             return f"Error: {e}", ToolErrorKind.INVALID_ARGUMENTS
         if t.context_param is not None:
             kwargs[t.context_param] = self.context
-        if parallel is _UNBOUNDED and t.limiter.unlimited:  # the common call: no async-with
-            return await _call(t, kwargs)
-        async with t.limiter.slot() as hold, parallel:
-            return await _call(t, kwargs, hold)
+        if self._tape is not None:
+            task_id, sample = self._episode
+            key = CallKey(task_id, sample, turn, index, t.name, CallKey.canonical(call.arguments))
+            return await self._taped(self._tape, key, t, kwargs, parallel)
+        return await _live(t, kwargs, parallel)
+
+    async def _taped(
+        self,
+        tape: ToolTape,
+        key: CallKey,
+        t: Tool,
+        kwargs: dict[str, Any],
+        parallel: AbstractAsyncContextManager[Any],
+    ) -> tuple[str | ToolOutput, ToolErrorKind | None]:
+        """Serve the call from the replayed recording (or apply the miss policy), or run it
+        live; either way it is written to the recording, if one is being made."""
+        if tape.replaying:
+            recorded = tape.lookup(key)
+            if recorded is not None:
+                await tape.wait(recorded)
+                tape.write(key, recorded)
+                kind = ToolErrorKind(recorded.error_kind) if recorded.error_kind else None
+                if recorded.images:
+                    return ToolOutput(recorded.content, recorded.images), kind
+                return recorded.content, kind
+            if tape.config.miss is ReplayMiss.FAIL:
+                raise ToolFatalError(tape.miss_error(key))
+            if tape.config.miss is ReplayMiss.ERROR:
+                return f"Error: {tape.miss_error(key)}", ToolErrorKind.REPLAY_MISS
+        start = time.perf_counter()
+        content, kind = await _live(t, kwargs, parallel)
+        latency = time.perf_counter() - start
+        out = content if isinstance(content, ToolOutput) else ToolOutput(content)
+        tape.write(key, RecordedCall(out.text, kind.value if kind else None, latency, out.images))
+        return content, kind
+
+
+async def _live(
+    t: Tool, kwargs: dict[str, Any], parallel: AbstractAsyncContextManager[Any]
+) -> tuple[str | ToolOutput, ToolErrorKind | None]:
+    """Run the tool under its limits: its concurrency and rate limits, the turn's parallelism."""
+    if parallel is _UNBOUNDED and t.limiter.unlimited:  # the common call: no async-with
+        return await _call(t, kwargs)
+    async with t.limiter.slot() as hold, parallel:
+        return await _call(t, kwargs, hold)
 
 
 async def _call(

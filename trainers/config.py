@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from agentloop.engines.vllm import VLLMConfig, WeightTransport, check_settings
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig
+from agentloop.tools.recording import ToolTapeConfig
 from agentloop.trainers.advantages import ADV_ESTIMATORS
 from agentloop.trainers.config_text import config_to_yaml
 from agentloop.trainers.losses import KL_KINDS
@@ -125,9 +126,21 @@ class TrainRolloutConfig(RolloutConfig):
     """A run's ``trajectories/`` directory: step N trains on its saved ``step_NNNNNN.jsonl``
     instead of generating (no engine is started; needs ``trainer.mode=sync`` and at most as
     many ``trainer.total_steps`` as were recorded). None: generate."""
+    tools_record: str | None = None
+    """Record every tool call of the run (training and validation episodes) to this
+    directory's ``tool_calls.jsonl`` (see ``agentloop.tools.recording``). None: no recording."""
+    tools_replay: str | None = None
+    """Serve tool outputs from a recording (``tools_record`` of an earlier run) instead of
+    running the tools, so a trainer bug can be bisected with identical tool outputs."""
+    tools_replay_miss: str = "error"
+    """A replayed call that is not in the recording: ``error`` (an error observation),
+    ``fail`` (the episode stops; the run fails at the end) or ``live`` (the tool runs)."""
+    tools_replay_latency: str = "zero"
+    """Replayed calls take no time (``zero``) or their recorded time (``recorded``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.tool_io()  # bad paths or policies fail here, naming the value
         _check(
             "rollout",
             self,
@@ -140,6 +153,12 @@ class TrainRolloutConfig(RolloutConfig):
                     "is not a directory; pass a run's trajectories/ dir (step_NNNNNN.jsonl files)",
                 ),
             ],
+        )
+
+    def tool_io(self) -> ToolTapeConfig:
+        """The tool record/replay settings as the tools layer takes them."""
+        return ToolTapeConfig.of(
+            self.tools_record, self.tools_replay, self.tools_replay_miss, self.tools_replay_latency
         )
 
     def base(self) -> RolloutConfig:

@@ -31,6 +31,7 @@ from agentloop.engines.base import Engine
 from agentloop.envs import make
 from agentloop.errors import AgentLoopError, ConfigError
 from agentloop.sandboxes.remote_pool import pool_stats
+from agentloop.tools.recording import tool_tape
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
 from agentloop.trainers.checkpoint import RngState, RunState, resume_checkpoint
 from agentloop.trainers.config import (
@@ -125,14 +126,18 @@ async def train_async(
         notices.note(message, message)
     model_dir = resolve_model_path(cfg.model.path)
     env = make(cfg.data.env, **cfg.data.env_kwargs)
-    await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
+    if cfg.rollout.tool_io().uses_live_tools:  # a replay needs no tool service
+        await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
     builder = TokenBuilder(AutoTokenizer.from_pretrained(model_dir), tools=env.tool_schemas)
     print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")  # "auto" fails here
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-    async with open_worker_group(cfg, model_dir, engine=engine) as group:
+    async with (
+        open_worker_group(cfg, model_dir, engine=engine) as group,
+        tool_tape(cfg.rollout.tool_io()),  # tool calls recorded / replayed, if asked
+    ):
         meter = BusyMeter(group.engine) if group.engine is not None else None
         run = _Run(cfg, out, model_dir, builder, sampler, group, meter, notices=notices)
         state = await _restore(run)

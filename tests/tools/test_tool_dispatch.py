@@ -118,6 +118,7 @@ async def test_each_bad_call_kind_is_a_named_error_and_the_rest_still_run() -> N
         "invalid_arguments",
         "tool_exception",
         "timeout",
+        "replay_miss",  # only a replayed run (agentloop.tools.recording) gives it
     ]
     assert all(r.content.startswith("Error: ") for r in results[:5])
     assert "invalid JSON" in results[0].content

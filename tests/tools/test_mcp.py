@@ -1,0 +1,165 @@
+"""MCP servers as tools, against real SDK servers (tests/tools/mcp_server.py) over stdio and
+streamable HTTP: schemas are the server's, calls return its results, every failure is an
+observation, one session per episode is released, and per-tool limits hold across episodes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentloop.envs import ToolEnv
+from agentloop.errors import ConfigError
+from agentloop.tools import ToolErrorKind
+from agentloop.tools.mcp import MCPServerSpec, mcp_tools, parse_tool_spec
+from agentloop.types import Message, Task, ToolCall
+from tests.waits import eventually
+
+# Each test starts MCP server processes (≈2 s each on a loaded 2-core machine).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SERVER = Path(__file__).with_name("mcp_server.py")
+
+
+def stdio_spec(tmp_flag: Path | None = None, **options: object) -> MCPServerSpec:
+    env = {"AGENTLOOP_TEST_MCP_FAIL_IF": str(tmp_flag)} if tmp_flag else {}
+    return MCPServerSpec(command=(sys.executable, str(SERVER)), env=env, **options)  # type: ignore[arg-type]
+
+
+def _env(tools: list) -> ToolEnv:  # type: ignore[type-arg]
+    return ToolEnv(tools, lambda task, messages: 0.0)
+
+
+async def _step(env: ToolEnv, *calls: ToolCall) -> list[tuple[str, ToolErrorKind | None]]:
+    result = await env.step(Message("assistant", "", calls))
+    return [(r.content, r.error_kind) for r in result.tool_results]
+
+
+async def test_stdio_tools_are_the_servers_and_work_in_a_tool_env() -> None:
+    sys.path.insert(0, str(SERVER.parent))
+    from mcp_server import server  # the same server, in-process: what it declares
+
+    declared = {t.name: t for t in await server.list_tools()}
+    tools = mcp_tools(stdio_spec(timeout_s=20.0))
+    assert {t.name for t in tools} == set(declared)
+    for t in tools:
+        assert t.parameters == declared[t.name].input_schema
+        assert t.description == declared[t.name].description
+    assert mcp_tools(stdio_spec(timeout_s=20.0)) == tools  # listed once; limits are shared
+
+    env = _env(tools)
+    await env.reset(options={"task": Task("t", {"prompt": "add"})})
+    try:
+        assert await _step(env, ToolCall("add", {"a": 2, "b": 40})) == [("42", None)]
+        ((pid, _),) = await _step(env, ToolCall("pid", {}))
+        result = await env.step(Message("assistant", "", (ToolCall("square_image", {"side": 5}),)))
+        (image,) = result.tool_results[0].images
+        assert image.size == (5, 5) and image.getpixel((0, 0)) == (255, 0, 0)
+    finally:
+        await env.close()
+    # the episode's session — here its server process — is released with the episode
+    await eventually(lambda: not psutil.pid_exists(int(pid)) or _zombie(int(pid)))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_every_failure_is_a_named_observation(tmp_path: Path) -> None:
+    flag = tmp_path / "fail-at-start"
+    tools = mcp_tools(stdio_spec(flag, timeout_s=3.0))
+    env = _env(tools)
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        (bad,) = await _step(env, ToolCall("add", {"a": "two", "b": 2}))
+        assert bad[1] is ToolErrorKind.INVALID_ARGUMENTS and "add(a: integer" in bad[0]
+        (failed,) = await _step(env, ToolCall("fail", {"message": "no such city"}))
+        assert failed[1] is ToolErrorKind.TOOL_EXCEPTION and "no such city" in failed[0]
+        (hung,) = await _step(env, ToolCall("hang", {}))
+        assert hung == ("Error: tool 'hang' timed out after 3.0s", ToolErrorKind.TIMEOUT)
+        assert await _step(env, ToolCall("add", {"a": 1, "b": 1})) == [("2", None)]  # still up
+        (died,) = await _step(env, ToolCall("die", {}))
+        assert died[1] is ToolErrorKind.TOOL_EXCEPTION and "it may have stopped" in died[0]
+        (after,) = await _step(env, ToolCall("add", {"a": 1, "b": 1}))
+        assert after[1] is ToolErrorKind.TOOL_EXCEPTION
+    finally:
+        await env.close()
+
+    flag.touch()  # from now on the server exits at start-up
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        (start,) = await _step(env, ToolCall("add", {"a": 1, "b": 1}))
+        assert start[1] is ToolErrorKind.TOOL_EXCEPTION and "MCP server" in start[0]
+    finally:
+        await env.close()
+
+
+def test_a_server_that_cannot_be_listed_is_a_config_error(tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    flag.touch()
+    with pytest.raises(ConfigError, match="cannot list the tools of MCP server"):
+        mcp_tools(stdio_spec(flag, startup_timeout_s=20.0))
+    with pytest.raises(ConfigError, match="has no tools \\['nope'\\]"):
+        mcp_tools(stdio_spec(include=("add", "nope")))
+    with pytest.raises(ConfigError, match="'mcp:COMMAND ARGS'"):
+        parse_tool_spec("python server.py")
+    assert parse_tool_spec("mcp:http://127.0.0.1:1/mcp").url == "http://127.0.0.1:1/mcp"
+    assert parse_tool_spec("mcp:python 'my server.py'").command == ("python", "my server.py")
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    """The test server over streamable HTTP on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        asyncio.run(eventually(lambda: _listening(port), timeout=60.0))
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_http_server_tools_with_limits_shared_across_episodes(http_server: str) -> None:
+    tools = mcp_tools(http_server, timeout_s=20.0, max_concurrency=2, rate_limit_per_s=50.0)
+    busy = next(t for t in tools if t.name == "busy")
+    assert busy.max_concurrency == 2 and busy.rate_limit_per_s == 50.0
+
+    async def episode() -> int:
+        env = _env(tools)
+        await env.reset(options={"task": Task("t", {"prompt": "x"})})
+        try:
+            ((content, kind),) = await _step(env, ToolCall("busy", {"seconds": 0.3}))
+        finally:
+            await env.close()
+        assert kind is None
+        return int(content)
+
+    peaks = await asyncio.gather(*(episode() for _ in range(5)))
+    assert max(peaks) <= 2  # five episodes, each its own session: never more than 2 at once
+    env = _env(tools)
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        assert await _step(env, ToolCall("add", {"a": 3, "b": 4})) == [("7", None)]
+    finally:
+        await env.close()

@@ -1,0 +1,182 @@
+"""Tool I/O record/replay: a recorded run is served back without the tools; misses follow the
+policy; the file is append-only, keyed per episode/turn/call, and survives a torn last line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentloop.errors import ConfigError, ToolError, ToolFatalError
+from agentloop.tools import ToolErrorKind, ToolOutput, Toolset, tool
+from agentloop.tools.recording import (
+    TAPE_FILE,
+    ToolTapeConfig,
+    episode_scope,
+    read_tape,
+    tool_tape,
+)
+from agentloop.types import ToolCall
+
+CALLS: list[str] = []
+
+
+@tool
+def shout(text: str) -> str:
+    """Upper-case text, counting each real call.
+
+    Args:
+        text: The text.
+    """
+    CALLS.append(text)
+    return text.upper()
+
+
+@tool
+def square(side: int) -> ToolOutput:
+    """A red square.
+
+    Args:
+        side: Side in pixels.
+    """
+    from PIL import Image
+
+    CALLS.append(f"square{side}")
+    return ToolOutput(f"a {side}px square", (Image.new("RGB", (side, side), "red"),))
+
+
+TOOLS = Toolset([shout, square])
+
+
+async def _episode(task: str, sample: int, turns: list[list[ToolCall]]) -> list[list[str]]:
+    with episode_scope(task, sample):
+        async with TOOLS.session() as session:
+            return [[r.content for r in await session.dispatch(calls)] for calls in turns]
+
+
+TURNS = [
+    [ToolCall("shout", {"text": "a"}), ToolCall("square", {"side": 3})],
+    [ToolCall("shout", {"text": "b"})],
+]
+
+
+async def test_replay_serves_the_recording_without_running_tools(tmp_path: Path) -> None:
+    CALLS.clear()
+    with tool_tape(ToolTapeConfig(record=tmp_path / "rec")) as tape:
+        live = await _episode("t1", 0, TURNS)
+    assert tape is not None and tape.recorded == 3 and len(CALLS) == 3
+    records = read_tape(tmp_path / "rec")
+    assert sorted((r["turn"], r["call_index"], r["tool"]) for r in records) == [
+        (0, 0, "shout"),
+        (0, 1, "square"),
+        (1, 0, "shout"),
+    ]
+    assert {r["task_id"] for r in records} == {"t1"} and records[0]["v"] == 1
+
+    CALLS.clear()
+    with tool_tape(ToolTapeConfig(replay=tmp_path / "rec")) as tape, episode_scope("t1", 0):
+        async with TOOLS.session() as session:
+            first = await session.dispatch(TURNS[0])
+            second = await session.dispatch(TURNS[1])
+    assert CALLS == [] and tape is not None and tape.replayed == 3 and tape.misses == 0
+    assert [[r.content for r in first], [r.content for r in second]] == live
+    assert first[1].images[0].size == (3, 3) and first[1].images[0].getpixel((0, 0)) == (255, 0, 0)
+
+
+async def test_each_miss_policy(tmp_path: Path) -> None:
+    with tool_tape(ToolTapeConfig(record=tmp_path / "rec")):
+        await _episode("t1", 0, TURNS[:1])
+    changed = [[ToolCall("shout", {"text": "changed"})]]
+    CALLS.clear()
+
+    replay = ToolTapeConfig.of(None, str(tmp_path / "rec"), "error", "zero")
+    with tool_tape(replay) as tape, episode_scope("t1", 0):
+        async with TOOLS.session() as session:
+            (result,) = await session.dispatch(changed[0])
+    assert result.error_kind is ToolErrorKind.REPLAY_MISS and CALLS == []
+    assert "not in the recording" in result.content and "changed" in result.content
+    assert tape is not None and tape.misses == 1
+
+    # another sample of the same task is another episode: a miss too
+    with tool_tape(ToolTapeConfig.of(None, str(tmp_path / "rec"), "error", "zero")):
+        assert (await _episode("t1", 1, TURNS[:1]))[0][0].startswith("Error:")
+
+    failing = tool_tape(ToolTapeConfig.of(None, str(tmp_path / "rec"), "fail", "zero"))
+    with (
+        pytest.raises(ToolError, match="1 tool calls were not in the recording"),
+        failing,  # it raises ToolError at its exit, after the episode's ToolFatalError
+        pytest.raises(ToolFatalError, match="not in the recording"),
+    ):
+        await _episode("t1", 0, changed)
+
+    with tool_tape(ToolTapeConfig.of(str(tmp_path / "new"), str(tmp_path / "rec"), "live", "zero")):
+        assert await _episode("t1", 0, changed) == [["CHANGED"]]
+    assert CALLS == ["changed"]
+    assert [r["arguments"] for r in read_tape(tmp_path / "new")] == [{"text": "changed"}]
+
+
+async def test_recorded_latency_is_kept_when_asked(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    line = {"v": 1, "task_id": "t", "sample_index": 0, "turn": 0, "call_index": 0,
+            "tool": "shout", "arguments": {"text": "x"}, "content": "X", "error_kind": None,
+            "latency_s": 0.2, "images": []}  # fmt: skip
+    (rec / TAPE_FILE).write_text(json.dumps(line) + "\n")
+    with tool_tape(ToolTapeConfig.of(None, str(rec), "error", "recorded")), episode_scope("t", 0):
+        async with TOOLS.session() as session:
+            (result,) = await session.dispatch([ToolCall("shout", {"text": "x"})])
+    assert result.content == "X" and result.latency_s >= 0.2  # it waited at least that long
+
+
+async def test_a_key_recorded_twice_is_served_in_order(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    with tool_tape(ToolTapeConfig(record=rec)):
+        await _episode("t", 0, [[ToolCall("shout", {"text": "one"})]])
+    lines = (rec / TAPE_FILE).read_text().splitlines()
+    second = {**json.loads(lines[0]), "content": "SECOND"}
+    (rec / TAPE_FILE).write_text(lines[0] + "\n" + json.dumps(second) + "\n")
+    call = [[ToolCall("shout", {"text": "one"})]]
+    with tool_tape(ToolTapeConfig(replay=rec)):
+        got = [await _episode("t", 0, call) for _ in range(3)]
+    assert got == [[["ONE"]], [["SECOND"]], [["SECOND"]]]
+
+
+async def test_a_torn_last_line_is_cut_and_skipped(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    with tool_tape(ToolTapeConfig(record=rec)):
+        await _episode("t", 0, TURNS[1:])
+    with (rec / TAPE_FILE).open("a") as f:
+        f.write('{"v": 1, "task_id": "t", "sampl')  # a kill -9 mid-line
+    assert len(read_tape(rec)) == 1  # read: skipped
+    with tool_tape(ToolTapeConfig(record=rec)):  # appending again: cut first
+        await _episode("t", 1, TURNS[1:])
+    assert [r["sample_index"] for r in read_tape(rec)] == [0, 1]
+
+
+def test_bad_settings_name_the_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"holds no tool_calls\.jsonl"):
+        ToolTapeConfig(replay=tmp_path)
+    with pytest.raises(ConfigError, match="'sometimes' is unknown"):
+        ToolTapeConfig.of(None, None, "sometimes", "zero")
+    (tmp_path / TAPE_FILE).write_text("")
+    with pytest.raises(ConfigError, match="same directory"):
+        ToolTapeConfig(record=tmp_path, replay=tmp_path)
+
+
+@pytest.mark.slow  # imports the eval CLI's and the trainer config's dependencies (transformers)
+def test_cli_and_training_config_name_bad_tool_io_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentloop.cli import main
+    from agentloop.trainers.config import TrainRolloutConfig
+
+    base = ["eval", "--env", "agentloop/Calc-v0", "--model", str(tmp_path), "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--replay", str(tmp_path / "none")]) == 2
+    assert "holds no tool_calls.jsonl" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "b"), "--tools", "python server.py"]) == 2
+    assert "'mcp:COMMAND ARGS'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="'never' is unknown"):
+        TrainRolloutConfig(tools_replay_miss="never")
+    rollout = TrainRolloutConfig(tools_record=str(tmp_path / "t"), tools_replay_latency="recorded")
+    assert rollout.tool_io().record == tmp_path / "t" and rollout.tool_io().active

@@ -1,0 +1,329 @@
+"""MCP servers as tools: a server's tools as agentloop ``Tool``s, one client session per episode.
+
+Point :func:`mcp_tools` at a server — a command run over stdio, or a streamable HTTP URL — and
+get one ``Tool`` per server tool, with the server's name, description and input JSON schema.
+Each episode opens its own MCP client session on its first call (through the episode's
+``ToolContext``, so it is closed with the episode's tool session on every exit path); for a
+stdio server that is its own server process. Failures are observations, as for any tool: a
+server that does not start, dies, returns an error or hangs past ``timeout_s`` gives the model
+an ``Error: …`` message (``tool_exception`` or ``timeout``), never a crash or a hang.
+
+The tools of one server spec are made once per process and shared (so ``max_concurrency`` and
+``rate_limit_per_s`` hold across every episode). Listing them connects to the server once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import io
+import json
+import logging
+import os
+import shlex
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.errors import ConfigError, ToolError
+from agentloop.tools.context import ToolContext
+from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded
+from agentloop.tools.tool import Tool
+from agentloop.tools.toolset import ToolOutput
+
+__all__ = ["MCPServerSpec", "MCPTool", "list_mcp_tools", "mcp_tools", "parse_tool_spec"]
+
+log = logging.getLogger(__name__)
+_CONTEXT_PARAM = "_agentloop_mcp_context"  # cannot clash with a JSON-schema property we pass on
+_PREFIX = "mcp:"
+
+
+@dataclass(frozen=True)
+class MCPServerSpec:
+    """How to reach an MCP server and what limits its tools get.
+
+    Exactly one of ``command`` (stdio: the server is started per episode as this process) and
+    ``url`` (streamable HTTP, e.g. ``http://127.0.0.1:8000/mcp``) is set. ``parse`` reads the
+    one-string form used by ``agentloop eval --tools``.
+    """
+
+    command: tuple[str, ...] = ()
+    """stdio server: program and arguments."""
+    url: str | None = None
+    """Streamable HTTP server URL."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables of a stdio server (added to this process's)."""
+    timeout_s: float = 30.0
+    """Deadline of one call (a call past it is a ``timeout`` error observation)."""
+    startup_timeout_s: float = 30.0
+    """Deadline for connecting (and, for stdio, starting the server) on an episode's first
+    call, on top of ``timeout_s``."""
+    max_concurrency: int | None = None
+    """Each tool of the server: at most this many calls at once, across episodes."""
+    rate_limit_per_s: float | None = None
+    """Each tool of the server: calls start at most this often per second, across episodes."""
+    include: tuple[str, ...] | None = None
+    """Only these tools of the server (None: all)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in dict(self.env).items()))
+        if self.include is not None:
+            object.__setattr__(self, "include", tuple(self.include))
+        if bool(self.command) == bool(self.url):
+            raise ConfigError(
+                f"an MCP server needs a command (stdio) or a url (HTTP), not "
+                f"{'both' if self.command else 'neither'}: e.g. "
+                "MCPServerSpec(command=('python', 'server.py')) or "
+                "MCPServerSpec(url='http://127.0.0.1:8000/mcp')"
+            )
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"MCP server url {self.url!r} must start with http:// or https://")
+        for name in ("timeout_s", "startup_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"MCP server {name}={value!r}; use a number of seconds > 0")
+
+    @classmethod
+    def parse(cls, spec: str, **options: Any) -> MCPServerSpec:
+        """``http(s)://…`` is a URL; anything else is a shell-quoted stdio command line."""
+        text = spec.strip()
+        if text.startswith(("http://", "https://")):
+            return cls(url=text, **options)
+        command = tuple(shlex.split(text))
+        if not command:
+            raise ConfigError(
+                f"MCP server spec {spec!r} is empty; give a command ('python server.py') or a URL"
+            )
+        return cls(command=command, **options)
+
+    @property
+    def label(self) -> str:
+        return self.url or shlex.join(self.command)
+
+
+def parse_tool_spec(spec: str) -> MCPServerSpec:
+    """A ``--tools`` value: ``mcp:COMMAND ARGS…`` or ``mcp:http://HOST:PORT/mcp``."""
+    if not spec.startswith(_PREFIX):
+        raise ConfigError(
+            f"tool spec {spec!r} is not understood; use 'mcp:COMMAND ARGS' (an MCP server over "
+            "stdio) or 'mcp:http://HOST:PORT/mcp' (streamable HTTP)"
+        )
+    return MCPServerSpec.parse(spec[len(_PREFIX) :])
+
+
+# ---------------------------------------------------------------------- connection
+def _client(spec: MCPServerSpec) -> Any:
+    from mcp import Client, StdioServerParameters
+
+    if spec.url is not None:
+        return Client(spec.url, mode="auto")
+    program, *args = spec.command
+    env = {**os.environ, **dict(spec.env)} if spec.env else None
+    return Client(StdioServerParameters(command=program, args=args, env=env), mode="auto")
+
+
+def _reason(exc: BaseException) -> str:
+    """The first leaf of an (anyio) exception group, as ``Type: message``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+@asynccontextmanager
+async def connect(spec: MCPServerSpec) -> AsyncIterator[Any]:
+    """An MCP ``Client`` session with the server, closed on exit (a stdio server stops).
+
+    The SDK's session lives in task groups that must be entered and exited by one task, while
+    an episode opens it in one tool call and closes it from the env: so an owner task holds
+    it, and callers in any task of the loop use the client.
+    """
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[Any] = loop.create_future()
+    stop = asyncio.Event()
+
+    async def own() -> None:
+        try:
+            async with _client(spec) as client:
+                ready.set_result(client)
+                await stop.wait()
+        except BaseException as exc:  # the client's failure must reach the caller, not vanish
+            if not ready.done():
+                ready.set_exception(ToolError(f"MCP server {spec.label!r}: {_reason(exc)}"))
+            elif not isinstance(exc, asyncio.CancelledError):
+                log.debug("MCP session with %s ended with %s", spec.label, _reason(exc))
+
+    owner = loop.create_task(own(), name=f"mcp-session {spec.label}")
+    try:
+        async with asyncio.timeout(spec.startup_timeout_s):
+            client = await asyncio.shield(ready)
+    except TimeoutError:
+        await _stop_owner(owner, stop)
+        raise ToolError(
+            f"MCP server {spec.label!r} did not start within {spec.startup_timeout_s}s"
+        ) from None
+    except BaseException:
+        await _stop_owner(owner, stop)
+        raise
+    try:
+        yield client
+    finally:
+        await _stop_owner(owner, stop)
+
+
+async def _stop_owner(owner: asyncio.Task[None], stop: asyncio.Event) -> None:
+    stop.set()
+    _, pending = await asyncio.wait({owner}, timeout=5.0)  # stdio: terminate, then kill
+    if pending:
+        owner.cancel()
+        await asyncio.wait({owner}, timeout=CANCEL_GRACE_S)
+
+
+# ---------------------------------------------------------------------- tools
+class MCPTool(Tool):
+    """A ``Tool`` calling one tool of an MCP server; arguments are checked against the
+    server's input schema before the call (a mismatch is an ``invalid_arguments`` error)."""
+
+    def bind_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+
+        args = json.loads(json.dumps(dict(arguments), default=list))  # frozen → plain JSON
+        try:
+            jsonschema.validate(args, self.parameters)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
+            raise ToolError(f"{self.signature}: {where}: {exc.message}") from None
+        except jsonschema.SchemaError:  # the server's schema is broken: let the server judge
+            pass
+        return dict(args)
+
+
+def _session_key(spec: MCPServerSpec) -> str:
+    return f"mcp.session.{spec.label}"
+
+
+def _make_call(spec: MCPServerSpec, name: str) -> Any:
+    async def call(**kwargs: Any) -> str | ToolOutput:
+        ctx: ToolContext = kwargs.pop(_CONTEXT_PARAM)
+        client = await ctx.enter(_session_key(spec), lambda: connect(spec))
+        try:
+            async with asyncio.timeout(spec.timeout_s):
+                result = await client.call_tool(name, kwargs)
+        except TimeoutError:
+            raise DeadlineExceeded(f"tool {name!r} timed out after {spec.timeout_s}s") from None
+        except Exception as exc:
+            raise ToolError(
+                f"the MCP server {spec.label!r} failed ({_reason(exc)}); it may have stopped"
+            ) from exc
+        return _render(result)
+
+    return call
+
+
+def _render(result: Any) -> str | ToolOutput:
+    """An MCP ``CallToolResult`` as observation text (and images); ``isError`` raises."""
+    from mcp_types import EmbeddedResource, ImageContent, TextContent, TextResourceContents
+
+    texts: list[str] = []
+    images: list[Any] = []
+    for block in result.content:
+        if isinstance(block, TextContent):
+            texts.append(block.text)
+        elif isinstance(block, ImageContent):
+            from PIL import Image
+
+            image = Image.open(io.BytesIO(base64.b64decode(block.data)))
+            image.load()
+            images.append(image)
+        elif isinstance(block, EmbeddedResource) and isinstance(
+            block.resource, TextResourceContents
+        ):
+            texts.append(block.resource.text)
+        else:
+            texts.append(f"[{getattr(block, 'type', type(block).__name__)} content not shown]")
+    if not texts and result.structured_content is not None:
+        texts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(texts)
+    if result.is_error:
+        raise ToolError(text or "the server reported an error")
+    return ToolOutput(text, tuple(images)) if images else text
+
+
+async def list_mcp_tools(spec: MCPServerSpec) -> list[Tool]:
+    """Connect to the server, list its tools and make a ``Tool`` of each (not cached)."""
+    async with connect(spec) as client:
+        listed = []
+        cursor = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    by_name = {t.name: t for t in listed}
+    names = spec.include if spec.include is not None else tuple(by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(
+            f"MCP server {spec.label!r} has no tools {unknown}; it has {sorted(by_name)}"
+        )
+    return [
+        MCPTool(
+            name=n,
+            description=by_name[n].description or "",
+            parameters=dict(by_name[n].input_schema),
+            fn=_make_call(spec, n),
+            timeout_s=spec.timeout_s + spec.startup_timeout_s,  # the call's own deadline is inside
+            max_concurrency=spec.max_concurrency,
+            rate_limit_per_s=spec.rate_limit_per_s,
+            context_param=_CONTEXT_PARAM,
+        )
+        for n in names
+    ]
+
+
+@functools.cache
+def _cached_tools(spec: MCPServerSpec) -> tuple[Tool, ...]:
+    # Listing is async; envs are built synchronously, maybe inside a running loop: run it on a
+    # thread of its own (once per spec and process: the result is cached).
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(asyncio.run(list_mcp_tools(spec)))
+        except BaseException as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run, name="agentloop-mcp-list", daemon=True)
+    thread.start()
+    thread.join(spec.startup_timeout_s + spec.timeout_s)
+    if not box:
+        raise ConfigError(f"listing the tools of MCP server {spec.label!r} did not finish")
+    if isinstance(box[0], BaseException):
+        exc = box[0]
+        if isinstance(exc, ConfigError):
+            raise exc
+        raise ConfigError(
+            f"cannot list the tools of MCP server {spec.label!r}: {_reason(exc)}; check that "
+            "the command runs (or the URL answers) and speaks MCP"
+        ) from exc
+    return tuple(box[0])
+
+
+def mcp_tools(server: MCPServerSpec | str | Sequence[str], **options: Any) -> list[Tool]:
+    """The tools of an MCP server, for a ``ToolEnv`` or ``Toolset``.
+
+    ``server`` is an :class:`MCPServerSpec`, or what :meth:`MCPServerSpec.parse` reads (a URL,
+    or a command line; a list is taken as the command's argv) with ``options`` as its fields.
+    Made once per spec and process; a server that cannot be listed raises ``ConfigError``.
+    """
+    if isinstance(server, str):
+        server = MCPServerSpec.parse(server, **options)
+    elif not isinstance(server, MCPServerSpec):
+        server = MCPServerSpec(command=tuple(server), **options)
+    elif options:
+        raise ConfigError("pass options as MCPServerSpec fields, not beside a spec")
+    return list(_cached_tools(server))

@@ -1,0 +1,405 @@
+"""Tool I/O record/replay: every tool call of a run to an append-only JSONL file, served back.
+
+A run installs one :class:`ToolTape` (``with tool_tape(ToolTapeConfig(...)):`` around the
+episodes; ``agentloop eval --record/--replay``, ``rollout.tools_record/tools_replay`` in
+training). Each episode's :class:`~agentloop.tools.ToolSession` picks it up when it opens, with
+the episode's identity that :func:`episode_scope` set (the rollout loop sets it), and routes
+every call that reaches a tool through it. Nothing else changes: the env, its tools and the
+rollout loop are the same with or without a tape.
+
+The file, ``DIR/tool_calls.jsonl``, has one JSON object per call (format ``v`` 1)::
+
+    {"v": 1, "task_id": "calc-test-000003", "sample_index": 0, "turn": 0, "call_index": 0,
+     "tool": "python", "arguments": {"code": "print(2+2)"}, "content": "4",
+     "error_kind": null, "latency_s": 0.21, "images": [{"png": "<base64>"}]}
+
+The key is (task_id, sample_index, turn, call_index, tool, canonical arguments); ``turn`` counts
+the episode's tool-calling turns from 0 and the arguments are compared as canonical JSON (sorted
+keys). Lines are appended and flushed one by one, so a killed run loses at most the line being
+written; a torn last line is cut when the file is next opened for recording and skipped when it
+is read. Images are stored inline as base64 PNG. A key recorded several times (a task played
+again in a later training step) is served in recorded order, the last one repeating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import enum
+import io
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from agentloop.errors import ConfigError, ToolError
+
+__all__ = [
+    "TAPE_FILE",
+    "CallKey",
+    "RecordedCall",
+    "ReplayLatency",
+    "ReplayMiss",
+    "ToolTape",
+    "ToolTapeConfig",
+    "current_episode",
+    "current_tape",
+    "episode_scope",
+    "read_tape",
+    "tool_tape",
+]
+
+log = logging.getLogger(__name__)
+
+TAPE_FILE = "tool_calls.jsonl"
+_VERSION = 1
+
+
+class ReplayMiss(enum.StrEnum):
+    """What a replayed run does with a call that is not in the recording."""
+
+    ERROR = "error"  # an error observation for the model (error kind ``replay_miss``)
+    FAIL = "fail"  # the episode stops (``tool_fatal``) and the run fails at the end
+    LIVE = "live"  # the live tool runs (and, with a recording on, is recorded)
+
+
+class ReplayLatency(enum.StrEnum):
+    """How long a replayed call takes."""
+
+    ZERO = "zero"  # at once
+    RECORDED = "recorded"  # as long as the recorded call took
+
+
+@dataclass(frozen=True)
+class ToolTapeConfig:
+    """Where to record tool calls and where to replay them from (both may be set: replayed and
+    live calls alike are written to ``record``)."""
+
+    record: Path | None = None
+    """Directory whose ``tool_calls.jsonl`` receives every call (appended; created if missing)."""
+    replay: Path | None = None
+    """Directory holding a ``tool_calls.jsonl`` to serve tool outputs from."""
+    miss: ReplayMiss = ReplayMiss.ERROR
+    """A replayed call not in the recording: ``error``, ``fail`` or ``live``."""
+    latency: ReplayLatency = ReplayLatency.ZERO
+    """Replayed calls take no time (``zero``) or their recorded time (``recorded``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("record", "replay"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "miss", _enum(ReplayMiss, self.miss, "replay miss policy"))
+        object.__setattr__(self, "latency", _enum(ReplayLatency, self.latency, "replay latency"))
+        if self.replay is not None and not (self.replay / TAPE_FILE).is_file():
+            raise ConfigError(
+                f"replay directory {str(self.replay)!r} holds no {TAPE_FILE}; pass the directory "
+                "a run recorded into (eval --record DIR, rollout.tools_record=DIR)"
+            )
+        if self.record is not None and self.record == self.replay:
+            raise ConfigError(
+                f"record and replay are the same directory {str(self.record)!r}; record into "
+                "another one"
+            )
+
+    @classmethod
+    def of(cls, record: str | None, replay: str | None, miss: str, latency: str) -> ToolTapeConfig:
+        """From the string forms of flags and YAML (paths, policy names), checked."""
+        return cls(
+            Path(record) if record else None,
+            Path(replay) if replay else None,
+            _enum(ReplayMiss, miss, "replay miss policy"),
+            _enum(ReplayLatency, latency, "replay latency"),
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.record is not None or self.replay is not None
+
+    @property
+    def uses_live_tools(self) -> bool:
+        """False for a replay that never runs a tool (misses are not passed through): its
+        tools' services (a sandbox, a search server) need not be up, nor checked at start."""
+        return self.replay is None or self.miss is ReplayMiss.LIVE
+
+
+def _enum(kind: type[enum.StrEnum], value: object, what: str) -> Any:
+    try:
+        return kind(str(value))
+    except ValueError:
+        raise ConfigError(
+            f"{what} {value!r} is unknown; use one of {[k.value for k in kind]}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class CallKey:
+    """What finds a recorded call: the episode, the turn, the call's place and the call."""
+
+    task_id: str
+    sample_index: int
+    turn: int
+    call_index: int
+    tool: str
+    arguments: str  # canonical JSON
+
+    @staticmethod
+    def canonical(arguments: Mapping[str, Any]) -> str:
+        return json.dumps(_thaw(arguments), sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _thaw(value: Any) -> Any:
+    """Frozen ToolCall arguments (MappingProxy, tuples) as plain JSON values."""
+    if isinstance(value, Mapping):
+        return {str(k): _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """A call's outcome as recorded: text, error kind (a ``ToolErrorKind`` value), latency,
+    images (PIL, decoded when read)."""
+
+    content: str
+    error_kind: str | None
+    latency_s: float
+    images: tuple[Any, ...] = ()
+
+
+def _key_of(record: Mapping[str, Any]) -> CallKey:
+    return CallKey(
+        str(record["task_id"]),
+        int(record["sample_index"]),
+        int(record["turn"]),
+        int(record["call_index"]),
+        str(record["tool"]),
+        CallKey.canonical(record["arguments"]),
+    )
+
+
+def _encode_image(image: Any) -> dict[str, str]:
+    if isinstance(image, bytes | bytearray):
+        return {"bytes": base64.b64encode(image).decode()}
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return {"png": base64.b64encode(buf.getvalue()).decode()}
+
+
+def _decode_image(entry: Mapping[str, str]) -> Any:
+    if "bytes" in entry:
+        return base64.b64decode(entry["bytes"])
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(base64.b64decode(entry["png"])))
+    image.load()
+    return image
+
+
+def read_tape(directory: str | Path) -> list[dict[str, Any]]:
+    """The records of ``directory/tool_calls.jsonl`` (a torn last line is skipped)."""
+    path = Path(directory) / TAPE_FILE
+    records = []
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: the writer was killed mid-line
+                log.warning("%s: skipping a torn last line %d", path, number)
+                break
+            raise ConfigError(
+                f"{path}:{number} is not valid JSON ({exc}); remove that line and run again"
+            ) from exc
+    return records
+
+
+def _repair(path: Path) -> None:
+    """Cut a torn last line (a killed writer) so appending starts on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        log.warning("%s: dropped a torn last line of %d bytes", path, len(data) - cut)
+
+
+@dataclass
+class _Served:
+    calls: list[RecordedCall]
+    next: int = 0
+
+    def take(self) -> RecordedCall:
+        call = self.calls[min(self.next, len(self.calls) - 1)]
+        self.next += 1
+        return call
+
+
+class ToolTape:
+    """A run's recording and/or replay source (see the module docstring). Counters
+    ``recorded``, ``replayed`` and ``misses`` say what happened."""
+
+    def __init__(self, config: ToolTapeConfig) -> None:
+        self.config = config
+        self.recorded = self.replayed = self.misses = 0
+        self._index: dict[CallKey, _Served] = {}
+        if config.replay is not None:
+            for record in read_tape(config.replay):
+                self._index.setdefault(_key_of(record), _Served([])).calls.append(_decoded(record))
+        self._file = None
+        if config.record is not None:
+            config.record.mkdir(parents=True, exist_ok=True)
+            path = config.record / TAPE_FILE
+            _repair(path)
+            self._file = path.open("a", encoding="utf-8")
+
+    @property
+    def replaying(self) -> bool:
+        return self.config.replay is not None
+
+    def lookup(self, key: CallKey) -> RecordedCall | None:
+        """The recorded outcome of ``key`` (the next one, if it was recorded several times)."""
+        served = self._index.get(key)
+        if served is None:
+            self.misses += 1
+            return None
+        self.replayed += 1
+        return served.take()
+
+    async def wait(self, call: RecordedCall) -> None:
+        if self.config.latency is ReplayLatency.RECORDED and call.latency_s > 0:
+            await asyncio.sleep(call.latency_s)
+
+    def write(self, key: CallKey, outcome: RecordedCall) -> None:
+        if self._file is None:
+            return
+        record = {
+            "v": _VERSION,
+            "task_id": key.task_id,
+            "sample_index": key.sample_index,
+            "turn": key.turn,
+            "call_index": key.call_index,
+            "tool": key.tool,
+            "arguments": json.loads(key.arguments),
+            "content": outcome.content,
+            "error_kind": outcome.error_kind,
+            "latency_s": outcome.latency_s,
+            "images": [_encode_image(im) for im in outcome.images],
+        }
+        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+        self.recorded += 1
+
+    def miss_error(self, key: CallKey) -> str:
+        return (
+            f"tool call {key.tool}({key.arguments}) of task {key.task_id!r} sample "
+            f"{key.sample_index} turn {key.turn} call {key.call_index} is not in the recording "
+            f"{str(self.config.replay)!r} (replay miss policy {self.config.miss.value!r})"
+        )
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def check(self) -> None:
+        """Raise ``ToolError`` when the ``fail`` policy met calls missing from the recording."""
+        if self.config.miss is ReplayMiss.FAIL and self.misses:
+            raise ToolError(
+                f"{self.misses} tool calls were not in the recording {str(self.config.replay)!r} "
+                "(--replay-miss=fail); the episodes diverged from the recorded run: replay with "
+                "the same model, seeds and settings, or use --replay-miss=live"
+            )
+
+
+def _decoded(record: Mapping[str, Any]) -> RecordedCall:
+    images = tuple(_decode_image(e) for e in record.get("images", ()))
+    return RecordedCall(
+        str(record["content"]), record.get("error_kind"), float(record["latency_s"]), images
+    )
+
+
+# ---------------------------------------------------------------------- scopes
+@dataclass(frozen=True, slots=True)
+class _Episode:
+    task_id: str
+    sample_index: int
+
+
+_TAPE: contextvars.ContextVar[ToolTape | None] = contextvars.ContextVar("tool_tape", default=None)
+_EPISODE: contextvars.ContextVar[_Episode | None] = contextvars.ContextVar(
+    "tool_episode", default=None
+)
+
+
+def current_tape() -> ToolTape | None:
+    """The tape installed by :func:`tool_tape` around this code, if any."""
+    return _TAPE.get()
+
+
+def current_episode() -> tuple[str, int] | None:
+    """(task_id, sample_index) set by :func:`episode_scope` around this code, if any."""
+    episode = _EPISODE.get()
+    return None if episode is None else (episode.task_id, episode.sample_index)
+
+
+@contextmanager
+def episode_scope(task_id: str, sample_index: int) -> Iterator[None]:
+    """Name the episode whose tool sessions open inside (the rollout loop does this)."""
+    token = _EPISODE.set(_Episode(task_id, sample_index))
+    try:
+        yield
+    finally:
+        _EPISODE.reset(token)
+
+
+@dataclass
+class tool_tape:
+    """Install a :class:`ToolTape` for the episodes run inside (``with`` or ``async with``);
+    ``None`` or an inactive config installs nothing. The tape is closed on exit, and with the
+    ``fail`` miss policy a run that met missing calls raises ``ToolError`` there."""
+
+    config: ToolTapeConfig | None
+    tape: ToolTape | None = field(default=None, init=False)
+    _token: contextvars.Token[ToolTape | None] | None = field(default=None, init=False)
+
+    def __enter__(self) -> ToolTape | None:
+        if self.config is not None and self.config.active:
+            self.tape = ToolTape(self.config)
+            self._token = _TAPE.set(self.tape)
+        return self.tape
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.tape is None:
+            return
+        if self._token is not None:
+            _TAPE.reset(self._token)
+        self.tape.close()
+        if exc_type is None:
+            self.tape.check()
+
+    async def __aenter__(self) -> ToolTape | None:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
