@@ -126,6 +126,7 @@ def test_eval_spreads_over_a_pool_and_loses_no_episode_when_a_server_is_killed(
 
 
 @needs_bwrap
+@pytest.mark.slow  # two server processes
 def test_eval_fails_at_start_up_naming_a_wrong_url_or_token(
     two_servers: list[Server], tiny_model_dir: Path, tmp_path: Path, capsys: Any
 ) -> None:
