@@ -1,13 +1,15 @@
-"""Engine test fixtures: the HF reference model and its logprobs (the shared vLLM engine is in
-tests/conftest.py)."""
+"""Engine test fixtures: the HF reference model and its logprobs, the shared vLLM engine serving
+the Calc tool caller (the engine itself is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
+from vllm_calls import load_weights
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +19,19 @@ def hf_model(tiny_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def caller_engine(
+    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
+) -> AsyncIterator[Any]:
+    """The shared engine serving the Calc tool caller for one module (multi-turn episodes); the
+    tiny model's weights are put back afterwards."""
+    await vllm_engine.update_weights(load_weights(calc_caller_dir).items())
+    try:
+        yield vllm_engine
+    finally:
+        await vllm_engine.update_weights(load_weights(tiny_model_dir).items())
 
 
 @pytest.fixture(scope="session")

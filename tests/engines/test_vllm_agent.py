@@ -3,12 +3,11 @@ call, recorded at the Engine boundary, is in the written trajectories token for 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from agentloop.engines.base import SamplingParams
 from agentloop.eval import EvalConfig, eval_async
@@ -37,23 +36,6 @@ class Recording:
         completion = await self.engine.generate(prompt_ids, sampling, session_id=session_id)
         self.calls.append((tuple(prompt_ids), completion))
         return completion
-
-
-def _load(path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "model.safetensors"))
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def caller_engine(
-    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
-) -> AsyncIterator[Any]:
-    await vllm_engine.update_weights(_load(calc_caller_dir).items())
-    try:
-        yield vllm_engine
-    finally:
-        await vllm_engine.update_weights(_load(tiny_model_dir).items())
 
 
 async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(

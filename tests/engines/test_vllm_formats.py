@@ -11,13 +11,11 @@ in each family's syntax: tests/test_formats.py.)
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_rollout import VLLMCall, assert_matches_vllm
+from vllm_calls import assert_matches_vllm, by_session, recording
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
@@ -62,53 +60,24 @@ class AlwaysToolEnv(Env):
         return StepResult(obs, 0.25, False, False)
 
 
-def _load(path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "model.safetensors"))
-
-
 async def test_every_family_is_token_exact_on_vllm(
-    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path, tmp_path: Path
+    caller_engine: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from transformers import AutoTokenizer
 
-    await vllm_engine.update_weights(_load(calc_caller_dir).items())
-    llm, calls = vllm_engine.llm, []
-    real_generate = llm.generate
-
-    async def recording_generate(
-        prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any
-    ) -> AsyncIterator[Any]:
-        final = None
-        async for out in real_generate(prompt, params, request_id, *a, **kw):
-            final = out
-            yield out
-        sample = final.outputs[0]
-        ids = tuple(sample.token_ids)
-        lps = tuple(e[t].logprob for e, t in zip(sample.logprobs, ids, strict=True))
-        calls.append(VLLMCall(request_id, tuple(prompt["prompt_token_ids"]),
-                              tuple(final.prompt_token_ids), ids, lps))  # fmt: skip
-
     config = RolloutConfig(max_turns=4, max_prompt_len=1024, max_response_len=160,
                            check_template=True)  # fmt: skip
-    llm.generate = recording_generate  # an instance attribute shadows the method
-    try:
+    with recording(caller_engine) as calls:
         for name, fam in FAMILIES.items():
             calls.clear()
             tok = AutoTokenizer.from_pretrained(wear_family(tiny_model_dir, name, tmp_path / name))
             builder = TokenBuilder(tok, tools=[_TOOL])
             assert builder.parser_for("auto") == fam.parser
-            groups = await collect([Task(name)], AlwaysToolEnv, vllm_engine, builder,
+            groups = await collect([Task(name)], AlwaysToolEnv, caller_engine, builder,
                                    config=config, group_size=2, seed=0)  # fmt: skip
-            by_session: dict[str, list[VLLMCall]] = defaultdict(list)
-            for call in calls:
-                by_session[call.session].append(call)
+            sessions = by_session(calls)
             for traj in groups[0].trajectories:
                 assert not traj.failed, (name, traj.stop_reason, traj.error)
-                assert_matches_vllm(traj, by_session[f"{traj.task_id}#{traj.sample_index}"])
+                assert_matches_vllm(traj, sessions[f"{traj.task_id}#{traj.sample_index}"])
                 assert traj.turn_rewards == (0.25,) * len(traj.turns)
             assert max(len(t.turns) for t in groups[0].trajectories) >= 2, name
-    finally:
-        del llm.generate
-        await vllm_engine.update_weights(_load(tiny_model_dir).items())

@@ -9,14 +9,14 @@ comparison also covers the engine wrapper.
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from vllm_calls import VLLMCall, assert_matches_vllm, by_session, recording
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
@@ -30,22 +30,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 CALC = "agentloop/Calc-v0"
 RESPONSE_LEN = 160  # call + tool output + answer fit; the prompt (~300 tokens) gets the rest
 TEMPERATURE = 1.0
-
-
-@dataclass(frozen=True)
-class VLLMCall:
-    """One request as vLLM saw it: the ids it was given, the prompt ids it reports having
-    processed, and the ids and logprobs it returned."""
-
-    request_id: str
-    given: tuple[int, ...]
-    processed: tuple[int, ...]
-    returned: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-    @property
-    def session(self) -> str:
-        return self.request_id.rsplit("-", 1)[0]  # VLLMEngine names requests f"{session}-{uuid}"
 
 
 @dataclass(frozen=True)
@@ -65,88 +49,16 @@ def rollout_config(engine: Any) -> RolloutConfig:
     )
 
 
-def _load(path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "model.safetensors"))
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def caller_engine(
-    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
-) -> AsyncIterator[Any]:
-    """The shared engine serving the Calc tool caller; the tiny model is restored afterwards."""
-    await vllm_engine.update_weights(_load(calc_caller_dir).items())
-    try:
-        yield vllm_engine
-    finally:
-        await vllm_engine.update_weights(_load(tiny_model_dir).items())
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def played(caller_engine: Any, tokenizer: Any) -> Played:
     """Eight Calc tasks × 4 samples through ``collect``, every vLLM request recorded."""
-    llm = caller_engine.llm
-    real_generate = llm.generate
-    calls: list[VLLMCall] = []
-
-    async def recording_generate(
-        prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any
-    ) -> AsyncIterator[Any]:
-        final = None
-        async for out in real_generate(prompt, params, request_id, *a, **kw):
-            final = out
-            yield out
-        assert final is not None
-        sample = final.outputs[0]
-        ids = tuple(sample.token_ids)
-        calls.append(
-            VLLMCall(
-                request_id,
-                given=tuple(prompt["prompt_token_ids"]),
-                processed=tuple(final.prompt_token_ids),
-                returned=ids,
-                logprobs=tuple(e[t].logprob for e, t in zip(sample.logprobs, ids, strict=True)),
-            )
-        )
-
     builder = TokenBuilder(tokenizer, tools=make(CALC).tool_schemas)
-    llm.generate = recording_generate  # an instance attribute shadows the method
-    try:
+    with recording(caller_engine) as calls:
         groups = await collect(
             make(CALC).tasks("test", 8), CALC, caller_engine, builder,
             config=rollout_config(caller_engine), group_size=4, seed=0,
         )  # fmt: skip
-    finally:
-        del llm.generate
-    by_session: dict[str, list[VLLMCall]] = defaultdict(list)
-    for call in calls:
-        by_session[call.session].append(call)
-    return Played([t for g in groups for t in g.trajectories], dict(by_session), builder)
-
-
-def assert_matches_vllm(traj: Trajectory, calls: Sequence[VLLMCall]) -> None:
-    """Turn by turn: vLLM was given exactly the trajectory so far, and the trajectory continues
-    with exactly the ids vLLM returned (mask 1, vLLM's logprobs); everything between two turns
-    is an observation (mask 0, logprob 0)."""
-    assert len(calls) == len(traj.turns), f"{len(calls)} vLLM calls for {len(traj.turns)} turns"
-    assert calls[0].given == traj.token_ids[: traj.prompt_len]
-    end = traj.prompt_len
-    for turn, call in zip(traj.turns, calls, strict=True):
-        start = turn.start
-        assert call.given == call.processed, "vLLM processed other prompt ids than it was given"
-        assert call.given == traj.token_ids[:start]
-        if turn.index > 0:
-            assert start > end, "no observation tokens between two turns"
-        assert set(traj.loss_mask[end:start]) <= {0}
-        assert set(traj.logprobs[end:start]) <= {0.0}
-        stop = start + len(call.returned)
-        assert turn.completion_tokens == len(call.returned)
-        assert traj.token_ids[start:stop] == call.returned
-        assert traj.loss_mask[start:stop] == (1,) * len(call.returned)
-        assert traj.logprobs[start:stop] == call.logprobs  # bit-identical floats
-        end = stop
-    assert len(traj.token_ids) == end, "tokens after the last sampled turn"
+    return Played([t for g in groups for t in g.trajectories], by_session(calls), builder)
 
 
 async def test_multi_turn_calc_episodes_are_token_exact(played: Played) -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from agentloop.errors import ToolError
 from agentloop.eval import EvalConfig, eval_async
@@ -34,23 +32,6 @@ SERVER = Path(__file__).parents[1] / "tools" / "mcp_server.py"
 NO_SANDBOX = {"sandbox": "remote"}
 # The test server with its `python` tool only (the tiny model's context holds few schemas).
 MCP_PYTHON = f"mcp:{sys.executable} {SERVER} --only python"
-
-
-def _load(path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "model.safetensors"))
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def caller_engine(
-    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
-) -> AsyncIterator[Any]:
-    await vllm_engine.update_weights(_load(calc_caller_dir).items())
-    try:
-        yield vllm_engine
-    finally:
-        await vllm_engine.update_weights(_load(tiny_model_dir).items())
 
 
 def _config(engine: Any, model: Path, out: Path, **kw: Any) -> EvalConfig:

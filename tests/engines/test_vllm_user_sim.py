@@ -8,14 +8,11 @@ asks "Are you sure?", so every episode that answers gets a ``user`` observation.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from test_vllm_rollout import VLLMCall, assert_matches_vllm
+from vllm_calls import assert_matches_vllm, by_session, recording
 
 from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
@@ -26,23 +23,6 @@ ENV = "agentloop/CalcUser-v0"
 ENV_KWARGS = {"double_check": True, "max_user_turns": 1}
 RESPONSE_LEN = 160
 USER_TEXT = "Are you sure? Check it once more"
-
-
-def _load(path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "model.safetensors"))
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def caller_engine(
-    vllm_engine: Any, calc_caller_dir: Path, tiny_model_dir: Path
-) -> AsyncIterator[Any]:
-    await vllm_engine.update_weights(_load(calc_caller_dir).items())
-    try:
-        yield vllm_engine
-    finally:
-        await vllm_engine.update_weights(_load(tiny_model_dir).items())
 
 
 def _user_turns_are_masked(traj: Trajectory, tokenizer: Any) -> bool:
@@ -65,42 +45,21 @@ async def test_eval_with_a_simulated_user_is_token_exact_and_masks_the_user(
     from agentloop.eval import EvalConfig, eval_async
     from agentloop.io import read_trajectories
 
-    llm, calls = caller_engine.llm, []
-    real_generate = llm.generate
-
-    async def recording_generate(
-        prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any
-    ) -> AsyncIterator[Any]:
-        final = None
-        async for out in real_generate(prompt, params, request_id, *a, **kw):
-            final = out
-            yield out
-        sample = final.outputs[0]
-        ids = tuple(sample.token_ids)
-        lps = tuple(e[t].logprob for e, t in zip(sample.logprobs, ids, strict=True))
-        calls.append(VLLMCall(request_id, tuple(prompt["prompt_token_ids"]),
-                              tuple(final.prompt_token_ids), ids, lps))  # fmt: skip
-
     rollout = RolloutConfig(
         max_turns=5, max_prompt_len=caller_engine.max_model_len - RESPONSE_LEN,
         max_response_len=RESPONSE_LEN, check_template=True,
     )  # fmt: skip
     config = EvalConfig(ENV, str(calc_caller_dir), tmp_path / "eval", n=2, num_tasks=4,
                         engine="vllm", rollout=rollout, env_kwargs=ENV_KWARGS)  # fmt: skip
-    llm.generate = recording_generate  # an instance attribute shadows the method
-    try:
+    with recording(caller_engine) as calls:
         summary = await eval_async(config, engine=caller_engine, progress=False)
-    finally:
-        del llm.generate
     trajs = read_trajectories(tmp_path / "eval" / "trajectories.jsonl")
     assert summary.episodes == len(trajs) == 8
-    by_session: dict[str, list[VLLMCall]] = defaultdict(list)
-    for call in calls:
-        by_session[call.session].append(call)
+    sessions = by_session(calls)
     with_user = 0
     for traj in trajs:
         assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
-        assert_matches_vllm(traj, by_session[f"{traj.task_id}#{traj.sample_index}"])
+        assert_matches_vllm(traj, sessions[f"{traj.task_id}#{traj.sample_index}"])
         with_user += _user_turns_are_masked(traj, tokenizer)
     assert with_user >= len(trajs) // 2, [[m.role for m in t.messages] for t in trajs]
     assert any(USER_TEXT in m.content for t in trajs for m in t.messages if m.role == "user")
