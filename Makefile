@@ -54,7 +54,7 @@ E2E := e2e and not gpu
 # Everything, every tier: what CI runs. Two xdist workers, each a lane of whole modules with its
 # own session fixtures (tests/tiers.py LANE_B says which lane): ~2 cores busy instead of ~1.2.
 test: setup lint typecheck
-	$(PYTEST) -n 2 --dist loadgroup --durations=25
+	$(PYTEST) -n 2 --dist loadscope --durations=25
 
 # While working: lint, types and the quick tier (a few minutes on 2 cores).
 test-fast: setup lint typecheck

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from tiers import COLLECTED, LANE_B, STARTS
+from tiers import COLLECTED, STARTS, lane
 
 if TYPE_CHECKING:
     from short_demo import DemoRun
@@ -45,6 +45,21 @@ def pytest_configure(config: pytest.Config) -> None:
         os.setpgid(0, 0)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope`` a test's scope is its lane (tests/tiers.py LANE_B): each of the
+    two workers runs one lane, so a lane's session fixtures are built once."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+    return LaneScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the derived markers take part
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -52,8 +67,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for marker in STARTS.get(fixture, ()):
                 if item.get_closest_marker(marker) is None:
                     item.add_marker(marker)
-        lane = "b" if item.nodeid.split("::")[0] in LANE_B else "a"
-        item.add_marker(pytest.mark.xdist_group(lane))  # used by `-n 2 --dist loadgroup`
     collected = {
         item.nodeid: (
             frozenset(m.name for m in item.iter_markers()),

@@ -103,9 +103,27 @@ def test_quick_modules_carry_no_heavy_marker(tiers: Tiers) -> None:
 def test_lane_b_names_modules_that_exist_and_make_test_runs_the_lanes(tiers: Tiers) -> None:
     modules = {_module(n) for n in tiers}
     assert modules >= tiers_module.LANE_B, tiers_module.LANE_B - modules
-    for nodeid, (markers, _) in tiers.items():
-        assert "xdist_group" in markers, nodeid
-    assert "-n 2 --dist loadgroup" in (ROOT / "Makefile").read_text()
+    assert "-n 2 --dist loadscope" in (ROOT / "Makefile").read_text()
+
+
+def test_each_lane_runs_on_one_worker(tmp_path: Path) -> None:
+    """Two xdist workers, three modules in two lanes: the lanes are the scopes (not modules), and
+    each lane ran on one worker of its own."""
+    picked = ["tests/test_types.py", "tests/test_stats.py", "tests/recipes/test_demo_config.py"]
+    env = {**os.environ, "AGENTLOOP_EXTRA_LANE_B": "tests/recipes/test_demo_config.py"}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+           "--dist", "loadscope", "-v", *picked]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "scheduling tests via LaneScheduling" in run.stdout, run.stdout[:2000]
+    workers: dict[str, set[str]] = {}
+    for line in run.stdout.splitlines():
+        found = re.match(r"\[(gw\d)\] .*PASSED (\S+?)::", line)
+        if found:
+            workers.setdefault(found.group(2), set()).add(found.group(1))
+    assert set(workers) == set(picked), run.stdout[-2000:]
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert workers[picked[0]] == workers[picked[1]] != workers[picked[2]], workers
 
 
 def test_every_fixture_that_starts_something_is_in_use(tiers: Tiers) -> None:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 #: fixture → the markers of every test whose fixture closure contains it.
@@ -22,7 +24,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "hybrid_dir": ("slow",),  # dense embeddings of the search corpus (~30 s)
 }
 
-#: ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadgroup``), each a lane that
+#: ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``), each a lane that
 #: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
 #: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
 #: lane "b": the long demo (its SFT stage read by the SFT test), then training runs that start
@@ -35,6 +37,15 @@ LANE_B = frozenset({
     "tests/trainers/test_train_agent.py",
     "tests/trainers/test_train_guard_cli.py",
 })  # fmt: skip
+
+
+def lane(nodeid: str) -> str:
+    """The lane of a test (its xdist scope under ``make test``): "b" or "a". Modules named in
+    ``$AGENTLOOP_EXTRA_LANE_B`` (comma-separated) join lane b: tests/test_tiers.py checks the
+    split on quick modules that way."""
+    extra = set(filter(None, os.environ.get("AGENTLOOP_EXTRA_LANE_B", "").split(",")))
+    return "b" if nodeid.split("::")[0] in LANE_B | extra else "a"
+
 
 #: The quick tier: what runs while working (``make test-fast``).
 QUICK = "not (slow or vllm or ray or e2e or browser or gpu)"
