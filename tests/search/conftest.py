@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from search_helpers import load_bm25, served_index
 
 
 @pytest.fixture(scope="session")
@@ -45,22 +46,3 @@ async def search_url(bm25_dir: Path) -> AsyncIterator[str]:
     """A retrieval server on a free loopback port, serving the BM25 index."""
     async for url in served_index(load_bm25(bm25_dir)):
         yield url
-
-
-def load_bm25(bm25_dir: Path) -> Any:
-    from agentloop.tools.search_index import load_index
-
-    return load_index(bm25_dir)
-
-
-async def served_index(index: Any, **config: Any) -> AsyncIterator[str]:
-    """``index`` behind the real server and transport (HttpServer) on a free loopback port."""
-    from agentloop.sandboxes.http_server import HttpServer
-    from agentloop.tools.search_server import SearchServerConfig, make_app
-
-    server = HttpServer(make_app(index, SearchServerConfig(**{"max_queries": 64, **config})))
-    port = await server.start("127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await server.stop()

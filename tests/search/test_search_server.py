@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from search_helpers import load_bm25, served_index
 
 from agentloop.envs import make
 from agentloop.envs.search_qa import searchqa_corpus, searchqa_tasks
@@ -126,7 +127,6 @@ async def test_concurrent_mixed_requests_get_their_solo_answers(
 ) -> None:
     """Requests with different topk and one bad query, sent together, get exactly what each
     gets alone: its own k results, and the bad one alone fails (JSON 500)."""
-    from conftest import load_bm25, served_index
 
     index = _Recording(load_bm25(bm25_dir), k_dependent)
     hops = [h["query"] for t in searchqa_tasks("train")[:12] for h in t.data["hops"]][:24]

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waits import eventually
 
 from agentloop.envs import ToolEnv
 from agentloop.errors import ConfigError
 from agentloop.tools import ToolErrorKind
 from agentloop.tools.mcp import MCPServerSpec, mcp_tools, parse_tool_spec
 from agentloop.types import Message, Task, ToolCall
-from tests.waits import eventually
 
 # Each test starts MCP server processes (≈2 s each on a loaded 2-core machine).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
