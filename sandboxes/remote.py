@@ -83,9 +83,9 @@ class RemoteSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def health(self, url: str | None = None) -> dict[str, Any]:
-        """The ``/health`` answer of ``url`` (default: the first server)."""
-        return await self._request("GET", url or self.urls[0], "/health", None, 10.0)
+    async def health(self, url: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The ``/health`` answer of ``url`` (default: the first server) within ``timeout_s``."""
+        return await self._request("GET", url or self.urls[0], "/health", None, timeout_s)
 
     def _body(
         self,

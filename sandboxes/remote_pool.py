@@ -52,6 +52,7 @@ class _Server:
         self.errors = 0
         self.last_error: str | None = None
         self.down_since = 0.0
+        self.probe: asyncio.Future[None] | None = None  # the /health probe in flight, if any
 
     def failed(self, exc: SandboxError) -> None:
         self.errors += 1
@@ -157,8 +158,7 @@ class RemotePool:
     async def _check(self, server: _Server) -> None:
         url = server.url
         try:
-            async with asyncio.timeout(self.health_timeout_s):
-                health = await server.client.health(url)
+            health = await server.client.health(url, self.health_timeout_s)
         except (SandboxError, TimeoutError) as exc:
             detail = str(exc) or f"no answer within health_timeout_s={self.health_timeout_s:g}"
             raise ConfigError(
@@ -200,25 +200,36 @@ class RemotePool:
         return PoolStats(tuple(s.stats() for s in self._servers))
 
     async def _revive(self) -> None:
-        """Probe the down servers due for it (all of them when none is up); bring back those that
-        answer their ``/health`` (a restarted server)."""
+        """Probe the down servers due for it: every ``recheck_s``, or at once when none is up (a
+        caller would otherwise fail for sure); bring back those that answer their ``/health``
+        (a restarted server). Callers asking at the same time share one probe per server."""
         now = time.monotonic()
-        # with none up, probe at once, but at most once a second per server (many sessions ask)
-        wait = min(self.recheck_s, 1.0) if not any(s.up for s in self._servers) else self.recheck_s
-        due = [s for s in self._servers if not s.up and now - s.down_since >= wait]
+        none_up = not any(s.up for s in self._servers)
+        due = [
+            s
+            for s in self._servers
+            if not s.up and (none_up or now - s.down_since >= self.recheck_s)
+        ]
         if due:
             await asyncio.gather(*(self._probe(s) for s in due))
 
     async def _probe(self, server: _Server) -> None:
+        if server.probe is None or server.probe.done():
+            server.probe = asyncio.ensure_future(self._check_health(server))
+        await asyncio.shield(server.probe)
+
+    async def _check_health(self, server: _Server) -> None:
         server.down_since = time.monotonic()
         # a fresh connection pool: the dead server's kept-alive connections are half-open
         await server.client.close()
         await server.client.start()
-        with contextlib.suppress(SandboxError, TimeoutError):
-            async with asyncio.timeout(self.health_timeout_s):
-                await server.client._request("GET", server.url, "/health", None, 2.0)
-            server.up = True
-            log.warning("sandbox server %s answers again; it takes new sessions", server.url)
+        try:
+            await server.client.health(server.url, self.health_timeout_s)
+        except (SandboxError, TimeoutError) as exc:
+            log.debug("sandbox server %s is still down: %s", server.url, exc)
+            return
+        server.up = True
+        log.warning("sandbox server %s answers again; it takes new sessions", server.url)
 
     async def _by_load(self) -> list[_Server]:
         await self._revive()

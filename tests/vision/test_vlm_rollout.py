@@ -70,8 +70,8 @@ def vision(tiny_vlm_dir: Path, vlm_tokenizer: Any) -> VisionProcessor:
 
 @pytest.fixture(scope="module")
 def builder(vlm_tokenizer: Any, vision: VisionProcessor) -> TokenBuilder:
-    # No tool list in the system turn: ~200 tokens less to teach and to sample after.
-    return TokenBuilder(vlm_tokenizer, vision=vision)
+    # The env's tools in the system turn, as eval and training show them (collect checks this).
+    return TokenBuilder(vlm_tokenizer, tools=make(ENV).tool_schemas, vision=vision)
 
 
 async def _teaching_sequence(builder: TokenBuilder) -> tuple[list[int], list[Any], list[int]]:
