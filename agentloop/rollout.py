@@ -313,8 +313,9 @@ async def _generate(
 async def _env_call(awaitable: Awaitable[R]) -> R:
     """Await an env call; a fatal tool error or any env/reward failure ends the episode.
 
-    A ``CancelledError`` that nobody asked for (env or tool code raising it itself) is this
-    episode's failure too: passed on, it would cancel the whole ``collect``."""
+    A ``CancelledError`` that nobody asked for (env or tool code raising it itself), a
+    ``KeyboardInterrupt`` or a ``SystemExit`` is this episode's failure too: passed on, it would
+    cancel the whole ``collect`` or stop the event loop."""
     try:
         return await awaitable
     except ToolFatalError as exc:
@@ -327,6 +328,12 @@ async def _env_call(awaitable: Awaitable[R]) -> R:
             raise
         raise _Stop(
             StopReason.ENV_ERROR, "the env raised CancelledError without being cancelled"
+        ) from exc
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Ctrl-C reaches asyncio.run as a cancellation of its main task, never as this raise:
+        # one raised here is env or reward code's own, and would stop every episode's loop.
+        raise _Stop(
+            StopReason.ENV_ERROR, f"the env raised {type(exc).__name__}; it must not"
         ) from exc
 
 

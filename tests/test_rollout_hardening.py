@@ -181,6 +181,30 @@ def test_a_non_finite_reward_is_the_episodes_named_failure(
     assert f"non-finite reward ({float(reward)})" in (traj.error or "")
 
 
+def test_a_reward_raising_an_interrupt_or_exit_fails_only_its_episode(
+    hostile_builder: TokenBuilder, tokenizer: Any
+) -> None:
+    def reward(task: Task, messages: Sequence[Message]) -> float:
+        if task.id == "interrupt":
+            raise KeyboardInterrupt
+        if task.id == "exit":
+            raise SystemExit(3)
+        return 1.0
+
+    def env() -> ToolEnv:
+        return ToolEnv([flood], reward)
+
+    engine = FakeEngine(["\\boxed{1}"], tokenizer=tokenizer, eos_token_id=2)
+    tasks = [Task(i, {"prompt": "q"}) for i in ("interrupt", "exit", "fine")]
+    builder = TokenBuilder(tokenizer, tools=env().tool_schemas)
+    groups = asyncio.run(collect(tasks, env, engine, builder, config=RolloutConfig()))
+    by_task = {g.task.id: g.trajectories[0] for g in groups}
+    for name, raised in (("interrupt", "KeyboardInterrupt"), ("exit", "SystemExit")):
+        assert by_task[name].stop_reason is StopReason.ENV_ERROR, by_task[name]
+        assert f"the env raised {raised}" in (by_task[name].error or "")
+    assert by_task["fine"].stop_reason is StopReason.DONE and by_task["fine"].reward == 1.0
+
+
 def test_a_tool_that_swallows_cancellation_does_not_hang_shutdown(
     hostile_builder: TokenBuilder, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
