@@ -299,6 +299,7 @@ class VLLMEngine:
         self._ckpt_shapes = checkpoint_shapes(cfg.model)
         self._vision = vision_of(cfg.model)
         t0 = time.perf_counter()
+        self._guard = OrphanGuard()  # guards the start-up too: it holds GPU memory the longest
         try:
             engine_args = AsyncEngineArgs(**args)
             # No local name for the AsyncLLM: a frame kept alive by a stored traceback would
@@ -311,7 +312,7 @@ class VLLMEngine:
             ) from e
         self._loop = asyncio.get_running_loop()
         self._procs = _engine_processes(self._llm)
-        self._guard = OrphanGuard(self._procs)
+        self._guard.watch(self._procs)
         log.info(
             "vLLM started on %s in %.1f s (pids %s)", cfg.model, time.perf_counter() - t0, self.pids
         )
