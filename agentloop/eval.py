@@ -263,7 +263,9 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)
     tasks = list(env.tasks(config.split, config.num_tasks))
-    done = _prepare_out(config, parts, chash)
+    # on a thread: it hashes the model's files (seconds for a large model), and the loop may
+    # already serve others (a shared engine, an agent proxy)
+    done = await asyncio.to_thread(_prepare_out, config, parts, chash)
     wanted = {(t.id, i) for t in tasks for i in range(config.n)}
     pending = len(wanted - done)
     log.info("%d episodes to play, %d already done", pending, len(wanted & done))
@@ -405,7 +407,9 @@ def _check_resumable(
     old: Mapping[str, Any], config: EvalConfig, parts: Mapping[str, str], chash: str
 ) -> None:
     if old.get("config_hash") != chash:
-        differ = sorted(k for k, v in parts.items() if old.get("config_parts", {}).get(k) != v)
+        old_parts = old.get("config_parts")
+        old_parts = old_parts if isinstance(old_parts, dict) else {}  # a damaged file: all differ
+        differ = sorted(k for k, v in parts.items() if old_parts.get(k) != v)
         raise ConfigError(
             f"cannot resume {config.out}: its config hash is {old.get('config_hash')}, this run's "
             f"is {chash} (differs in: {', '.join(differ) or '?'}). Resume with the same settings, "

@@ -354,6 +354,10 @@ def test_a_damaged_run_dir_is_a_clean_error_naming_the_file(
     assert main(_eval_args(tiny_model_dir, run, "--resume")) == 2
     err = capsys.readouterr().err
     assert f"{run / 'config.json'} is not valid JSON" in err and "Traceback" not in err
+    (run / "config.json").write_text('{"config_hash": "other", "config_parts": [1, 2]}')
+    assert main(_eval_args(tiny_model_dir, run, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume {run}: its config hash is other" in err and "Traceback" not in err
 
     b = _write_run(tmp_path / "b", {"t0": [1.0, 0.0]})
     with (b / "trajectories.jsonl").open("a") as f:

@@ -178,6 +178,15 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
         expected = {str(name): (int(f["size"]), str(f["sha256"])) for name, f in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{manifest} is unreadable ({type(exc).__name__}: {exc})"
+    unlisted = sorted(
+        p.relative_to(path).as_posix()
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.name != CHECKSUMS_FILE
+        and p.relative_to(path).as_posix() not in expected
+    )
+    if unlisted:  # a file added after the save: torch would read it unchecked
+        return f"{path / unlisted[0]} is not in {CHECKSUMS_FILE} (added after the checkpoint?)"
     for name, (size, digest) in sorted(expected.items()):
         file = path / name
         if not file.is_file():
@@ -197,11 +206,13 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
 
 
 def resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The newest *intact* checkpoint under ``root`` for ``resume=auto``, or None.
+    """The newest *intact* checkpoint under ``root`` for ``resume=auto``, or None when there is
+    none at all.
 
     A newer checkpoint whose files fail their checksums is skipped, with a warning naming the
     file; the choice and what was skipped are written to ``root/resume.json``, so the run's own
-    records say which checkpoint it continued from and why."""
+    records say which checkpoint it continued from and why. When every checkpoint is damaged it
+    raises :class:`CheckpointError` (quietly starting over would throw the run's steps away)."""
     root = Path(root)
     skipped: list[dict[str, str]] = []
     chosen = None
@@ -218,6 +229,11 @@ def resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
         tmp = root / f".{RESUME_FILE}.{os.getpid()}"
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         tmp.replace(root / RESUME_FILE)
+        if chosen is None:
+            raise CheckpointError(
+                f"every checkpoint under {root} is damaged (the newest: {skipped[0]['reason']}); "
+                "restore one, or set checkpoint.resume=never to start over"
+            )
         log.warning(
             "resume=auto: resuming from %s, %d damaged newer one(s) skipped",
             chosen_name,

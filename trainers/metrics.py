@@ -178,7 +178,9 @@ def read_metrics(out_dir: str | Path) -> dict[int, dict[str, float]]:
     from agentloop.io import iter_jsonl
 
     path = Path(out_dir) / METRICS_FILE
-    return {int(r["step"]): r for r in iter_jsonl(path)} if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    return {int(r["step"]): r for r in iter_jsonl(path, require=("step",))}
 
 
 class MetricsLogger:

@@ -289,9 +289,9 @@ def eval_loss(worker: PolicyWorker, seqs: list[TrainSeq]) -> float | None:
 
 def _resume(worker: PolicyWorker, cfg: SFTConfig, ckpt_root: Path) -> None:
     resume = cfg.checkpoint.resume
-    path = None if resume == "never" else resume_checkpoint(ckpt_root)
-    if resume not in ("auto", "never"):
-        path = Path(resume)
+    if resume == "never":
+        return
+    path = resume_checkpoint(ckpt_root) if resume == "auto" else Path(resume)
     if path is not None:
         load_checkpoint(worker, path)
         _print(worker, f"resumed from {path} at step {worker.step}")

@@ -73,6 +73,9 @@ def test_resume_auto_falls_back_to_the_newest_intact_checkpoint(
     assert record["chosen"] == str(first)
     (skipped,) = record["skipped"]
     assert skipped["path"] == str(newest) and "trainer_state.pt" in skipped["reason"]
+    flip_a_bit(a_shard(first))  # none intact: an error, not a silent start from scratch
+    with pytest.raises(CheckpointError, match=r"every checkpoint under .* is damaged"):
+        resume_checkpoint(tmp_path)
 
 
 def test_other_damage_is_a_clean_error_naming_the_file(
@@ -84,6 +87,10 @@ def test_other_damage_is_a_clean_error_naming_the_file(
         load_checkpoint(worker, path)
 
     path = save_checkpoint(worker, tmp_path / "b", step=1)
+    (path / "__extra.distcp").write_bytes(a_shard(path).read_bytes())  # added after the save
+    with pytest.raises(CheckpointError, match=rf"__extra\.distcp is not in {CHECKSUMS_FILE}"):
+        load_checkpoint(worker, path)
+    (path / "__extra.distcp").unlink()
     a_shard(path).unlink()
     with pytest.raises(CheckpointError, match=r"\.distcp is missing"):
         load_checkpoint(worker, path)
