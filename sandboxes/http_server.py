@@ -47,7 +47,7 @@ from agentloop.errors import ConfigError
 
 from .http_limits import HttpLimits, limit_logging
 
-__all__ = ["HttpServer"]
+__all__ = ["HttpServer", "internal_error"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -177,7 +177,18 @@ class HttpServer:
             return _Refuse()
         handler = self._runner.server()
         self._conns[handler] = _Conn(now, now)
+        # our own header timer for the first request: aiohttp's keep-alive timer runs from a
+        # connection's opening only in its newest releases
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.limits.header_timeout_s, self._first_request_due, handler)
         return handler
+
+    def _first_request_due(self, handler: RequestHandler) -> None:
+        """Close a connection that has not sent a whole request head within the header timeout."""
+        conn = self._conns.get(handler)
+        if conn is not None and not conn.busy and not conn.served:
+            handler.force_close()
+            del self._conns[handler]
 
     def _make_room(self, now: float) -> bool:
         """Forget closed connections; if still at the cap, close the oldest never-served one,
@@ -248,6 +259,17 @@ async def _timed_out(request: web.Request, seconds: float) -> web.Response:
     await resp.write_eof()
     request.protocol.force_close()
     return resp
+
+
+def internal_error(request: web.Request, exc: Exception, logger: logging.Logger) -> web.Response:
+    """What a server's outermost middleware answers for an exception no handler expected: a
+    JSON 500 (``{"error", "type": "InternalError"}``, no traceback), logged here once with its
+    traceback (through ``logger``, which :class:`HttpServer` rate-limits when it is one of its
+    ``loggers``), so aiohttp neither answers in plain text nor logs it again."""
+    logger.error("unexpected error serving %s %s", request.method, request.path, exc_info=exc)
+    name = type(exc).__name__
+    message = f"internal error ({name}) serving {request.method} {request.path}; see the server log"
+    return web.json_response({"error": message, "type": "InternalError"}, status=500)
 
 
 def _fit_fd_limit(requested: int | None) -> int:
