@@ -238,7 +238,8 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.5,
         help="exit 1 when more than this share of episodes failed (engine_error, env_error, "
-        "tool_fatal, timeout; default: 0.5)",
+        "tool_fatal, timeout, or a tool call that failed for its service: a tool exception or "
+        "a tool timeout; default: 0.5)",
     )
     add("--resume", action="store_true", help="continue an interrupted run in --out")
     add("--quiet", action="store_true", help="no progress bar")
@@ -303,6 +304,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if summary.failed_share > args.max_failed_share:
         reasons = ", ".join(f"{k} {v}" for k, v in summary.stop_reasons.items())
         first = "; ".join(f"{k}: {v}" for k, v in summary.errors.items())
+        if summary.tool_failed:
+            reasons += f"; {summary.tool_failed} with failed tool calls"
+            first += f"; tool: {summary.tool_failure}"
         print(
             f"agentloop eval: error: {summary.failed} of {summary.episodes} episodes failed "
             f"({summary.failed_share:.0%} > --max-failed-share {args.max_failed_share:g}); "

@@ -72,11 +72,17 @@ class EvalSummary:
     mean_response_tokens: float
     tokens_per_s: float | None
     elapsed_s: float
+    #: Episodes that ended normally but whose tool calls failed for their service (a tool
+    #: exception or a timeout: a sandbox or search server that died mid-run), with an example.
+    tool_failed: int = 0
+    tool_failure: str | None = None
 
     @property
     def failed(self) -> int:
-        """Episodes that ended in an error stop reason (engine, env, tool-fatal, timeout)."""
-        return sum(n for r, n in self.stop_reasons.items() if StopReason(r).is_error)
+        """Episodes a service failed (``Trajectory.service_failed``): an error stop reason
+        (engine, env, tool-fatal, timeout), or a tool call that failed for its service."""
+        errors = sum(n for r, n in self.stop_reasons.items() if StopReason(r).is_error)
+        return errors + self.tool_failed
 
     @property
     def failed_share(self) -> float:
@@ -137,6 +143,7 @@ def summarize(
             }
         )
     has_answers = any("answer_key" in r for r in records)
+    tool_failed = [t for t in trajs if t.service_failed and not t.failed]
     return EvalSummary(
         env=env,
         model=model,
@@ -160,7 +167,18 @@ def summarize(
         mean_response_tokens=_mean([len(t.response_ids) for t in trajs]),
         tokens_per_s=tokens_per_s,
         elapsed_s=elapsed_s,
+        tool_failed=len(tool_failed),
+        tool_failure=_first_tool_failure(tool_failed),
     )
+
+
+def _first_tool_failure(trajs: Sequence[Trajectory]) -> str | None:
+    """The dispatcher's words for the first failed tool call (a tool exception or a timeout)."""
+    for t in trajs:
+        for m in t.messages:
+            if m.role == "tool" and str(m.content).startswith("Error: tool "):
+                return str(m.content)[:500]
+    return None
 
 
 def _first_errors(trajs: Sequence[Trajectory]) -> dict[str, str]:
@@ -327,6 +345,11 @@ def print_summary(summary: EvalSummary, console: Any = None) -> None:
         count = summary.stop_reasons.get(reason, 0)
         style = "bold red" if StopReason(reason).is_error else "dim"
         console.print(f"[{style}]{count} episode(s) ended with {reason}, e.g.:[/] {escape(error)}")
+    if summary.tool_failed:
+        console.print(
+            f"[bold red]{summary.tool_failed} episode(s) had tool calls fail for their service, "
+            f"e.g.:[/] {escape(summary.tool_failure or '')}"
+        )
 
 
 def print_comparison(c: Comparison, console: Any = None) -> None:

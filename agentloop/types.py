@@ -10,6 +10,7 @@ from typing import Any, Literal
 from agentloop.errors import TrajectoryError
 
 __all__ = [
+    "SERVICE_TOOL_ERRORS",
     "Completion",
     "FinishReason",
     "Message",
@@ -200,6 +201,11 @@ class StopReason(enum.StrEnum):
         return self in _ERROR_STOPS
 
 
+#: Tool-error metrics that say a service failed (the sandbox, a search server), not that the
+#: model called a tool wrongly (invalid_json, unknown_tool, invalid_arguments: the policy's to learn
+#: from).
+SERVICE_TOOL_ERRORS = ("tool_error/tool_exception", "tool_error/timeout")
+
 _ERROR_STOPS = frozenset(
     {StopReason.TIMEOUT, StopReason.TOOL_FATAL, StopReason.ENGINE_ERROR, StopReason.ENV_ERROR}
 )
@@ -312,6 +318,14 @@ class Trajectory:
     @property
     def failed(self) -> bool:
         return self.stop_reason.is_error
+
+    @property
+    def service_failed(self) -> bool:
+        """A service the run relies on failed this episode, not the policy: an error stop
+        reason, or a tool call that failed with a tool exception or a timeout (a dead sandbox
+        or search server turns every call into one). Eval's exit code and training's run guard
+        count this."""
+        return self.failed or any(self.metrics.get(k, 0.0) for k in SERVICE_TOOL_ERRORS)
 
     @property
     def trained_versions(self) -> tuple[int, ...]:

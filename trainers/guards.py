@@ -10,24 +10,13 @@ from dataclasses import dataclass, field
 from agentloop.errors import AgentLoopError
 from agentloop.types import Trajectory
 
-__all__ = ["RolloutsFailedError", "RunGuard", "rollout_failed"]
+__all__ = ["RolloutsFailedError", "RunGuard"]
 
 log = logging.getLogger(__name__)
-
-# Tool errors that say a service failed (the sandbox, a search server), not that the model called
-# a tool wrongly (invalid_json, unknown_tool, invalid_arguments: the policy's to learn from).
-_SERVICE_ERRORS = ("tool_error/tool_exception", "tool_error/timeout")
 
 
 class RolloutsFailedError(AgentLoopError):
     """Every rollout of several consecutive steps failed: training on them teaches nothing."""
-
-
-def rollout_failed(t: Trajectory) -> bool:
-    """An episode the run's services failed rather than the policy: an error stop reason
-    (engine, env, timeout, fatal tool), or a tool call that failed with a tool exception or a
-    timeout (a dead sandbox turns every call into one)."""
-    return t.stop_reason.is_error or any(t.metrics.get(k, 0.0) for k in _SERVICE_ERRORS)
 
 
 def _tools_worked(t: Trajectory) -> bool:
@@ -37,7 +26,7 @@ def _tools_worked(t: Trajectory) -> bool:
 
 def _first_error(trajs: Sequence[Trajectory]) -> str:
     """The first failed rollout's error: its stop's, else its first failed tool call's."""
-    failed = [t for t in trajs if rollout_failed(t)]
+    failed = [t for t in trajs if t.service_failed]
     for t in failed:
         if t.stop_reason.is_error and t.error:
             return f"{t.stop_reason.value}: {t.error}"
@@ -55,7 +44,7 @@ class RunGuard:
     ``stop`` gives the run's error; a warning is logged when a step's tool-error rate rises
     ``warn_rise`` above the run's mean so far.
 
-    A step *failed* when some rollout failed (:func:`rollout_failed`) and no tool call of the
+    A step *failed* when some rollout failed (``Trajectory.service_failed``) and no tool call of the
     step gave a result; it *worked* when a tool call did, or when nothing failed and no tool
     was called. A step whose only calls were malformed (the policy's errors) shows nothing
     either way: with a dead sandbox a policy still garbles, or answers, some prompts."""
@@ -72,7 +61,7 @@ class RunGuard:
         """Watch one step (count a failed one, warn on rising tool errors); returns its
         ``rollout/failed_frac`` metric."""
         self._watch_tool_errors(step, tool_error_rate)
-        failed = sum(rollout_failed(t) for t in trajs)
+        failed = sum(t.service_failed for t in trajs)
         metrics = {"rollout/failed_frac": failed / len(trajs) if trajs else 0.0}
         worked = any(_tools_worked(t) for t in trajs)
         if failed and not worked:

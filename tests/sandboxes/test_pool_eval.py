@@ -156,3 +156,20 @@ def test_eval_with_a_dead_engine_exits_non_zero_with_the_stop_reasons(
     err = capsys.readouterr().err
     assert "4 of 4 episodes failed" in err and "stop reasons: engine_error 4" in err, err
     assert main([*args, "--resume", "--max-failed-share", "1"]) == 0  # the threshold is a flag
+
+
+def test_eval_whose_sandbox_fails_every_run_exits_non_zero(
+    calc_caller_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """The sandbox passes the start-up check, then every run fails (as a server that died
+    mid-run): the episodes end normally, but their tool calls failed for the service."""
+    dead = json.dumps({"backend": "fake", "fail_after": 0})
+    args = ["eval", "--env", ENV, "--model", str(calc_caller_dir), "--out", str(tmp_path / "run"),
+            "--engine", "hf", "--env-arg", f"sandbox={dead}", "--n", "1", "--num-tasks", "3",
+            "--temperature", "0", *SMALL]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "3 of 3 episodes failed" in err and "3 with failed tool calls" in err, err
+    assert "tool: Error: tool 'python'" in err, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["tool_failed"] == 3 and summary["tool_errors"]["tool_exception"] > 0

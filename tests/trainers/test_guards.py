@@ -8,7 +8,7 @@ import pytest
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.config import TrainConfig, load_config
-from agentloop.trainers.guards import RolloutsFailedError, RunGuard, rollout_failed
+from agentloop.trainers.guards import RolloutsFailedError, RunGuard
 from agentloop.types import Message, StopReason, Trajectory
 
 DOWN = "Error: tool 'python' failed: the sandbox could not run the code: sandbox server X is down"
@@ -24,10 +24,10 @@ def _traj(stop: StopReason = StopReason.DONE, *, calls: int = 0, failed: int = 0
 
 
 def test_what_counts_as_a_failed_rollout() -> None:
-    assert rollout_failed(_traj(StopReason.ENGINE_ERROR))
-    assert rollout_failed(_traj(calls=2, failed=1))  # a call hit a dead service
-    assert not rollout_failed(_traj(calls=0))  # answered without tools
-    assert not rollout_failed(_traj(StopReason.MAX_TURNS, calls=1, failed=0))
+    assert _traj(StopReason.ENGINE_ERROR).service_failed
+    assert _traj(calls=2, failed=1).service_failed  # a call hit a dead service
+    assert not _traj(calls=0).service_failed  # answered without tools
+    assert not _traj(StopReason.MAX_TURNS, calls=1, failed=0).service_failed
 
 
 def _garbled() -> Trajectory:
