@@ -21,8 +21,9 @@ What it guards against (a client that opens connections and never finishes a req
   aiohttp) before the handler runs.
 - *Connection cap*: at ``max_connections`` open connections (default 2048), a new one
   replaces the oldest connection that has never completed a request (a half-open or slow
-  client), else the longest-idle keep-alive one; when every connection is busy with a request
-  the newcomer gets ``503`` and is closed. Requests in progress are never cut. The cap is fitted
+  client, one still trickling its body included), else the longest-idle keep-alive one; when
+  every connection is busy with a request the newcomer gets ``503`` and is closed. Requests whose
+  body is in and that are being served are never cut. The cap is fitted
   to ``RLIMIT_NOFILE`` (raised when allowed), so ``accept()`` never runs out of descriptors.
 - *Rate-limited logs*: each message (per logger and format string) is logged at most
   ``log_per_minute`` times a minute, then a count of what was suppressed. This covers
@@ -67,7 +68,8 @@ class _Conn:
 
     created: float
     last_active: float
-    busy: int = 0
+    busy: int = 0  # requests whose head and body are in and that run now: never evicted
+    reading: int = 0  # requests whose head is in and whose body is still arriving
     served: int = 0
 
 
@@ -186,7 +188,7 @@ class HttpServer:
     def _first_request_due(self, handler: RequestHandler) -> None:
         """Close a connection that has not sent a whole request head within the header timeout."""
         conn = self._conns.get(handler)
-        if conn is not None and not conn.busy and not conn.served:
+        if conn is not None and not (conn.busy or conn.reading or conn.served):
             handler.force_close()
             del self._conns[handler]
 
@@ -223,18 +225,26 @@ class HttpServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         conn = self._conns.get(request.protocol)
+        if request.body_exists:
+            if conn is not None:
+                conn.reading += 1
+            try:
+                async with asyncio.timeout(self.limits.body_timeout_s):
+                    await request.read()  # cached: the handler's read()/json() reuse it
+            except TimeoutError:
+                return await _timed_out(request, self.limits.body_timeout_s)
+            except ConnectionResetError:
+                # the client left mid-body, or the cap closed it: no one to answer
+                request.protocol.force_close()
+                return web.Response(status=400)
+            finally:
+                if conn is not None:
+                    conn.reading -= 1
+        # Busy (never closed to make room) only once the whole request is in: a client that
+        # trickles its body stays evictable like a half-open one.
         if conn is not None:
             conn.busy += 1
         try:
-            if request.body_exists:
-                try:
-                    async with asyncio.timeout(self.limits.body_timeout_s):
-                        await request.read()  # cached: the handler's read()/json() reuse it
-                except TimeoutError:
-                    return await _timed_out(request, self.limits.body_timeout_s)
-                except ConnectionResetError:  # the client left mid-body: no one to answer
-                    request.protocol.force_close()
-                    return web.Response(status=400)
             return await handler(request)
         finally:
             if conn is not None:

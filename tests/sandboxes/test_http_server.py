@@ -86,6 +86,21 @@ async def test_normal_requests_succeed_while_50_idle_connections_are_open(served
             writer.close()
 
 
+async def test_clients_trickling_their_bodies_do_not_starve_normal_requests(served: Any) -> None:
+    """Connections whose body never completes are evictable like half-open ones: a cap full
+    of them still lets normal requests in (they are not 'busy' until the body is in)."""
+    server, port = served
+    head = b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    slow = [await _open(port, head + b'Content-Length: 100\r\n\r\n{"co') for _ in range(25)]
+    try:
+        statuses = await asyncio.gather(*(_run(port) for _ in range(10)))
+        assert statuses == [200] * 10
+        assert server._http.refused == 0 and server._http.evicted >= 25 - QUICK.max_connections
+    finally:
+        for _, writer in slow:
+            writer.close()
+
+
 async def test_every_connection_busy_at_the_cap_gets_a_503_not_a_hang() -> None:
     slow = SandboxServer(
         FakeSandbox(latency_s=0.5), max_concurrency=4, http=HttpLimits(max_connections=2)
