@@ -193,6 +193,7 @@ class DockerSandbox(KernelSandbox):
         self.python = python
         self.client = client
         self._seccomp = ""  # set by _prepare for this engine
+        self._seccomp_file: str | None = None  # podman's: this sandbox's own, removed at close
 
     async def _prepare(self) -> None:
         if self.client is None:
@@ -203,15 +204,27 @@ class DockerSandbox(KernelSandbox):
 
     def _seccomp_option(self) -> str:
         """``seccomp=<profile>`` for the engine: Docker takes the JSON itself, podman (same
-        host) a path to it."""
+        host) a path to it: a new file of this sandbox's (random name, mode 0600, made with
+        ``O_EXCL``), so no other local user can plant or swap the profile; removed at close."""
         components = self.client.version().get("Components") or []
         if not any("podman" in str(c.get("Name", "")).lower() for c in components):
             return f"seccomp={docker_profile()}"
-        path = os.path.join(tempfile.gettempdir(), "agentloop-seccomp.json")
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as f:
+        fd, path = tempfile.mkstemp(prefix="agentloop-seccomp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
             f.write(docker_profile())
-        os.replace(f.name, path)
+        self._drop_seccomp_file()
+        self._seccomp_file = path
         return f"seccomp={path}"
+
+    def _drop_seccomp_file(self) -> None:
+        path, self._seccomp_file = self._seccomp_file, None
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    async def close(self) -> None:
+        await super().close()
+        self._drop_seccomp_file()
 
     def _connect(self) -> Any:
         import docker

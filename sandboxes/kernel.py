@@ -3,8 +3,9 @@
 This file runs *inside* the sandbox (``python3 -u -c <this source> MODE LIMITS``) and uses only
 the standard library. Protocol, over the process's own stdin/stdout/stderr:
 
-* host -> kernel, stdin: first the 32-character section key, then per run a 12-byte header
-  (big-endian length, seq) + JSON ``{"code", "stdin", "files", "cpu_s"}`` (files are base64).
+* host -> kernel, stdin: first the 32-character section key, then per run a 20-byte header
+  (big-endian length, seq, CPU seconds or 0) + JSON ``{"code", "stdin", "files"}`` (files
+  are base64).
 * kernel -> host: the run's output on stdout/stderr; each section ends with MARK(n) on stdout
   and MARK(n) + one JSON line (``seq``, ``exit_code``, ``oom``, ``cpu``, ``died``,
   ``duration``) on stderr, where MARK(n) is derived from the key and the section's number
@@ -19,9 +20,11 @@ runs between runs), kills every other process the run left (``MODE=isolated``: e
 the sandbox's own pid namespace but its init, the supervisor and the worker; ``MODE=shared``:
 the process group), and only then writes the marks. So code can end its own run early (as it
 could by returning), but cannot forge the end of a run, keep running after it, or leave
-processes behind; the host's deadline kills the whole sandbox from outside. If the worker dies
-(OOM killer, ``os._exit``, CPU limit) the supervisor reports the death for the in-flight run
-and starts a fresh worker.
+processes behind; the host's deadline kills the whole sandbox from outside. The run's CPU time
+(the worker's and every process it started) is counted by the supervisor too, which kills the
+worker at the limit: code can lift its own ``RLIMIT_CPU``, not that. If the worker dies (OOM
+killer, ``os._exit``, CPU limit) the supervisor reports the death for the in-flight run and
+starts a fresh worker.
 """
 
 import base64
@@ -41,8 +44,10 @@ import traceback
 __all__ = ["kill_strays", "main", "mark", "supervise", "worker"]
 
 KEY_LEN = 32
-_HEADER = struct.Struct(">Iq")  # body length, seq
+_HEADER = struct.Struct(">Iqd")  # body length, seq, CPU seconds (0: no limit)
 _MAX_DONE = 1 << 12  # the worker's done line
+_CPU_POLL_S = 0.1  # how often the supervisor counts a run's CPU time
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")  # the unit of CPU time in /proc/PID/stat
 
 
 def mark(key, n):
@@ -76,12 +81,25 @@ def _apply_limits(limits):
 
 
 def _stat(pid):
+    """State, process group and CPU clock ticks (its own and its reaped children's)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             tail = f.read().rsplit(b")", 1)[1].split()
-        return tail[0], int(tail[2])  # state, process group
+        return tail[0], int(tail[2]), sum(int(t) for t in tail[11:15])
     except (OSError, IndexError, ValueError):
-        return b"X", -1
+        return b"X", -1, 0
+
+
+def _run_ticks(mode):
+    """CPU clock ticks of every process a run may have made, unreaped dead ones included: all
+    but init and the supervisor in the sandbox's pid namespace (isolated), or the process
+    group's (shared). A child reaped by another of them adds its ticks to its parent's."""
+    keep, pgid, total = (1, os.getpid()), os.getpgrp(), 0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        _, group, ticks = _stat(pid)
+        if pid not in keep and (mode == "isolated" or group == pgid):
+            total += ticks
+    return total
 
 
 def _strays(mode, keep):
@@ -92,7 +110,7 @@ def _strays(mode, keep):
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         if pid in keep:
             continue
-        state, group = _stat(pid)
+        state, group, _ = _stat(pid)
         if state in (b"Z", b"X"):
             continue
         if mode == "isolated" or group == pgid:
@@ -165,14 +183,6 @@ def _prepare(req):
     os.dup2(fd, 0)
     os.close(fd)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the run
-    cpu_s = req.get("cpu_s")
-    if cpu_s:
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(used.ru_utime + used.ru_stime + cpu_s) + 1
-        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def _is_kernel_frame(code):
@@ -227,6 +237,10 @@ def worker(cmd_fd, done_fd):
 # ---- the supervisor: holds the key, ends runs, reports -----------------------------------
 
 
+class _OverCpu(Exception):
+    """The run used its CPU time."""
+
+
 class _Worker:
     """A worker process and the supervisor's ends of its pipes."""
 
@@ -247,11 +261,18 @@ class _Worker:
         self.pidfd = os.pidfd_open(self.pid)
         self.started = time.perf_counter()
 
-    def wait_done(self):
-        """The worker's done line as a dict, or None if it died (or sent nonsense)."""
+    def wait_done(self, mode=None, budget=None):
+        """The worker's done line as a dict, or None if it died (or sent nonsense); raises
+        _OverCpu once the run's processes have used ``budget`` (:func:`_run_ticks`): counted
+        from outside the code, which can lift its own RLIMIT_CPU."""
         line = b""
         while True:
-            ready, _, _ = select.select([self.done_r, self.pidfd], [], [])
+            poll = _CPU_POLL_S if budget is not None else None
+            ready, _, _ = select.select([self.done_r, self.pidfd], [], [], poll)
+            if not ready:
+                if _run_ticks(mode) > budget:
+                    raise _OverCpu
+                continue
             if self.done_r not in ready:
                 return None
             chunk = os.read(self.done_r, _MAX_DONE)
@@ -296,10 +317,11 @@ class _Supervisor:
         _write_all(1, m)
         _write_all(2, m + json.dumps(info).encode() + b"\n")
 
-    def died(self, worker, seq):
+    def died(self, worker, seq, over_cpu=False):
         sig, code = worker.status()
-        info = {"seq": seq, "exit_code": code, "oom": sig == signal.SIGKILL}
-        info.update(cpu=sig == signal.SIGXCPU, died=True)
+        cpu = over_cpu or sig == signal.SIGXCPU
+        info = {"seq": seq, "exit_code": code, "oom": sig == signal.SIGKILL and not cpu}
+        info.update(cpu=cpu, died=True)
         info["duration"] = time.perf_counter() - worker.started
         self.end_section(None, info)
 
@@ -327,15 +349,19 @@ class _Supervisor:
             body = header and _read_exact(self.cmd_fd, _HEADER.unpack(header)[0])
             if not body:
                 return False
-            seq = _HEADER.unpack(header)[1]
+            _, seq, cpu_s = _HEADER.unpack(header)
             worker.started = time.perf_counter()
+            budget = _run_ticks(self.mode) + cpu_s * _TICKS_PER_S if cpu_s > 0 else None
             with contextlib.suppress(OSError):
                 os.kill(worker.pid, signal.SIGCONT)
             try:
                 _write_all(worker.cmd_w, header + body)
-                info = worker.wait_done()
+                info = worker.wait_done(self.mode, budget)
             except OSError:  # the worker died while reading its request
                 info = None
+            except _OverCpu:
+                self.died(worker, seq, over_cpu=True)
+                return True
             if info is None:
                 self.died(worker, seq)
                 return True

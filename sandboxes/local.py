@@ -31,12 +31,28 @@ _ARGV_CODE_MAX = 100 << 10
 _FIRST_FILE_FD = 10  # cold runs' files sit at fds 10, 11, … for bwrap's --file
 _CODE_FD = 9  # and long bash code at fd 9
 _SECCOMP_FD = 8  # the seccomp filter, for bwrap's --seccomp
+_ARGS_FD = 7  # and the files' own bwrap arguments (--args): off argv, whatever their length
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def _file_pieces(files: dict[str, bytes]) -> tuple[bytearray, list[tuple[int, int, int]]]:
+    """One blob with every file, then their NUL-separated bwrap arguments (``--file FD PATH``
+    each; bwrap makes the parent directories); the pieces of it, as (target fd, offset, size)."""
+    blob, args = bytearray(), bytearray()
+    pieces: list[tuple[int, int, int]] = []
+    for i, (path, data) in enumerate(files.items()):
+        pieces.append((_FIRST_FILE_FD + i, len(blob), len(data)))
+        args += b"--file\0%d\0/sandbox/%s\0" % (_FIRST_FILE_FD + i, os.fsencode(path))
+        blob += data
+    if files:
+        pieces.append((_ARGS_FD, len(blob), len(args)))
+        blob += args
+    return blob, pieces
 
 
 class LocalSandbox(KernelSandbox):
@@ -200,27 +216,17 @@ class LocalSandbox(KernelSandbox):
     ) -> ExecResult:
         """A run without a warm kernel: ``bwrap ... python3 -c CODE`` on a launcher slot.
 
-        Files travel as one memfd that the launcher cuts into one fd per file (``--file``).
+        Files travel as one memfd that the launcher cuts into one fd per file (``--file``), and
+        their bwrap arguments as one more piece of it (``--args``), so no number or length of
+        paths within the documented limits can overflow the argv limit (``E2BIG``).
         Code too long for one argv string (``MAX_ARG_STRLEN``) runs on a kernel started for it
         (Python, which reads its code from stdin) or is sourced from an fd (bash).
         """
         big = len(code.encode()) > _ARGV_CODE_MAX
         if big and language == "python":
             return await super()._cold_run(code, language, timeout_s, stdin, files)
-        extra: list[str] = []
-        made: set[str] = set()
-        pieces: list[tuple[int, int, int]] = []
-        blob = bytearray()
-        for i, (path, data) in enumerate(files.items()):
-            parts = path.split("/")[:-1]
-            for depth in range(1, len(parts) + 1):
-                d = "/sandbox/" + "/".join(parts[:depth])
-                if d not in made:
-                    made.add(d)
-                    extra += ["--dir", d]
-            pieces.append((_FIRST_FILE_FD + i, len(blob), len(data)))
-            extra += ["--file", str(_FIRST_FILE_FD + i), "/sandbox/" + path]
-            blob += data
+        blob, pieces = _file_pieces(files)
+        extra = ["--args", str(_ARGS_FD)] if files else []
         if big:  # bash: the code is one more piece, sourced from its fd
             pieces.append((_CODE_FD, len(blob), len(code.encode())))
             blob += code.encode()

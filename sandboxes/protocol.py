@@ -33,7 +33,8 @@ __all__ = [
 #: The in-sandbox kernel, shipped as ``python3 -u -c KERNEL_SOURCE MODE LIMITS`` (no file to
 #: bind-mount).
 KERNEL_SOURCE = (Path(__file__).parent / "kernel.py").read_text()
-_HEADER = struct.Struct(">Iq")  # a request's body length and seq (kernel.py's _HEADER)
+# a request's body length, seq and CPU seconds (0: none) (kernel.py's _HEADER)
+_HEADER = struct.Struct(">Iqd")
 
 _CHUNK = 1 << 16
 _MAX_SECTIONS = 4  # stale sections (a death between runs, a restarted worker) are skipped
@@ -319,21 +320,14 @@ class StreamKernel:
         if not self.alive:
             raise SandboxError("this sandbox kernel is closed; open a new session")
         self._seq += 1
-        body = json.dumps(
-            {
-                "code": code,
-                "stdin": stdin,
-                "files": encode_files(files),
-                "cpu_s": cpu_s,
-            }
-        ).encode()
+        body = json.dumps({"code": code, "stdin": stdin, "files": encode_files(files)}).encode()
         oom_before = await self.oom_events()
         start = time.perf_counter()
         out, err = Capture(self._cap), Capture(self._cap)
         notes: list[str] = []
         try:
             async with asyncio.timeout(timeout_s):
-                await self._send(_HEADER.pack(len(body), self._seq) + body)
+                await self._send(_HEADER.pack(len(body), self._seq, cpu_s or 0.0) + body)
                 info = await self._wait_for_run(out, err, notes)
         except TimeoutError:
             self.alive = False

@@ -8,7 +8,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +17,13 @@ from aiohttp import web
 
 from agentloop.errors import ConfigError, SandboxError
 
+from .admission import RunGate, SessionCaps
 from .base import ExecResult, Sandbox, SandboxSession
 from .http_limits import HttpLimits, http_limits_from_args
-from .http_server import HttpServer
+from .http_server import HttpServer, internal_error
 from .serve_args import backend_kwargs_from_args, build_parser, is_loopback, read_tokens, warn_open
 from .wire import (
+    FusionRequest,
     RunRequest,
     fetch_code,
     parse_fetched,
@@ -49,36 +51,6 @@ def _error(status: int, kind: str, message: str, **headers: str) -> web.Response
     return web.json_response({"error": message, "type": kind}, status=status, headers=headers)
 
 
-class _Gate:
-    """At most ``limit`` runs at once and ``queue`` waiting; beyond that, 429 + Retry-After."""
-
-    def __init__(self, limit: int, queue: int) -> None:
-        self.limit, self.queue = limit, queue
-        self._sem = asyncio.Semaphore(limit)
-        self.active = 0
-        self.waiting = 0
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._sem.locked() and self.waiting >= self.queue:
-            raise web.HTTPTooManyRequests(
-                text='{"error": "sandbox server is at capacity; retry later", "type": "Busy"}',
-                content_type="application/json",
-                headers={"Retry-After": "1"},
-            )
-        self.waiting += 1
-        try:
-            await self._sem.acquire()
-        finally:
-            self.waiting -= 1
-        self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
-            self._sem.release()
-
-
 @dataclass(slots=True)
 class _Session:
     cm: AbstractAsyncContextManager[SandboxSession]
@@ -100,7 +72,9 @@ class SandboxServer:
     peer address) that opened them — another client gets 404 — and close after
     ``session_ttl_s`` idle. The backend's limits are ceilings: a request's ``timeout_s`` may be
     lower, a higher one is cut to ``sandbox.limits.timeout_s``; at most ``max_sessions`` are open,
-    ``max_sessions_per_client`` per client.
+    ``max_sessions_per_client`` per client, counted as each open arrives (before it waits for a
+    run slot) and counting the session behind SandboxFusion's ``fetch_files``. Every error is
+    JSON ``{"error", "type"}``; an unexpected exception is a 500 (``InternalError``), logged.
     """
 
     def __init__(
@@ -119,7 +93,9 @@ class SandboxServer:
         if max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.sandbox = sandbox
-        self.gate = _Gate(max_concurrency, 4 * max_concurrency if max_queue is None else max_queue)
+        self.gate = RunGate(
+            max_concurrency, 4 * max_concurrency if max_queue is None else max_queue
+        )
         tokens = [token] if isinstance(token, str) else list(token or ())
         self.tokens = tuple(t.encode() for t in tokens if t)
         self.max_request_bytes = max_request_bytes
@@ -128,6 +104,7 @@ class SandboxServer:
         self.max_sessions_per_client = max_sessions_per_client
         self.instance = secrets.token_hex(4)
         self.sessions: dict[str, _Session] = {}
+        self.caps = SessionCaps(max_sessions, max_sessions_per_client)
         self.draining = False
         self.port: int | None = None
         self._janitor: asyncio.Task[None] | None = None
@@ -181,6 +158,10 @@ class SandboxServer:
         except web.HTTPRequestEntityTooLarge:
             limit = self.max_request_bytes
             return _error(413, "TooLarge", f"request body is over {limit} bytes; send less data")
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # a bug, not the client's doing: JSON 500, logged once
+            return internal_error(request, exc, log)
 
     async def _body(self, request: web.Request) -> Any:
         try:
@@ -225,34 +206,34 @@ class SandboxServer:
                 return web.json_response(
                     sandboxfusion_response(await self._execute(self.sandbox, fusion.run))
                 )
-            # the run and the read-back share one work dir: a session's
-            async with self.sandbox.session() as session:
-                result = await self._execute(session, fusion.run)
-                fetch = RunRequest(fetch_code(fusion.fetch_files))
-                files = parse_fetched(await self._execute(session, fetch))
+            with self._session_slot(request):
+                result, files = await self._run_and_fetch(fusion)
             return web.json_response(sandboxfusion_response(result, files))
         except (ConfigError, SandboxError) as exc:
             return web.json_response(
                 {"status": "SandboxError", "message": str(exc), "run_result": None, "files": {}}
             )
 
+    async def _run_and_fetch(self, fusion: FusionRequest) -> tuple[ExecResult, dict[str, str]]:
+        """Run, then read ``fetch_files`` back: one session, so that they share a work dir."""
+        async with self.sandbox.session() as session:
+            result = await self._execute(session, fusion.run)
+            fetch = RunRequest(fetch_code(fusion.fetch_files))
+            return result, parse_fetched(await self._execute(session, fetch))
+
+    def _session_slot(self, request: web.Request) -> contextlib.AbstractContextManager[None]:
+        """One more session of the request's client while the block runs (see SessionCaps)."""
+        owners = (e.owner for e in self.sessions.values())
+        return self.caps.hold(request[_CLIENT], owners)
+
     async def open_session(self, request: web.Request) -> web.Response:
         client = request[_CLIENT]
-        if len(self.sessions) >= self.max_sessions:
-            return _error(429, "Busy", f"{self.max_sessions} sessions open", **{"Retry-After": "1"})
-        mine = sum(1 for e in self.sessions.values() if e.owner == client)
-        if mine >= self.max_sessions_per_client:
-            return _error(
-                429,
-                "TooManySessions",
-                f"this client has {mine} sessions open, the server's limit per client "
-                f"(--max-sessions-per-client {self.max_sessions_per_client}); close some first",
-            )
-        async with self.gate.slot():
-            cm = self.sandbox.session()
-            session = await cm.__aenter__()
-        sid = f"{self.instance}-{secrets.token_hex(8)}"
-        self.sessions[sid] = _Session(cm, session, time.monotonic(), client)
+        with self._session_slot(request):
+            async with self.gate.slot():
+                cm = self.sandbox.session()
+                session = await cm.__aenter__()
+            sid = f"{self.instance}-{secrets.token_hex(8)}"
+            self.sessions[sid] = _Session(cm, session, time.monotonic(), client)
         return web.json_response({"session_id": sid})
 
     def _session(self, request: web.Request) -> _Session:

@@ -142,26 +142,43 @@ def sandboxfusion_request(body: Any, memory_mb: int) -> FusionRequest:
 
 
 def fetch_code(paths: tuple[str, ...]) -> str:
-    """A Python program that prints ``{path: base64 or null}`` of ``paths`` as one JSON line."""
+    """A Python program that writes ``{path: base64 or null}`` of ``paths`` as one JSON line,
+    to ``sys.stdout`` (which the kernel resets after every run), not through ``print`` (which
+    the run before may have replaced); in a function, so the session's variables stay."""
     return (
-        "import base64, json\n"
-        "out = {}\n"
-        f"for p in {list(paths)!r}:\n"
-        "    try:\n"
-        "        out[p] = base64.b64encode(open(p, 'rb').read()).decode()\n"
-        "    except OSError:\n"
-        "        out[p] = None\n"
-        "print(json.dumps(out))\n"
+        "def _agentloop_fetch(paths):\n"
+        "    import base64, json, sys\n"
+        "    out = {}\n"
+        "    for p in paths:\n"
+        "        try:\n"
+        "            with open(p, 'rb') as f:\n"
+        "                out[p] = base64.b64encode(f.read()).decode()\n"
+        "        except OSError:\n"
+        "            out[p] = None\n"
+        "    sys.stdout.write(json.dumps(out) + '\\n')\n"
+        f"_agentloop_fetch({list(paths)!r})\n"
+        "del _agentloop_fetch\n"
     )
 
 
 def parse_fetched(result: ExecResult) -> dict[str, str]:
-    """The files a :func:`fetch_code` run sent back (missing ones left out)."""
+    """The files a :func:`fetch_code` run sent back (missing ones left out); ConfigError when
+    the read-back failed or its output is not the ``{path: base64 or null}`` object expected."""
     if result.truncated or not result.ok:
         raise ConfigError(
             "fetch_files could not be read back whole (over the server's output cap of one "
             f"run, or the read failed: {result.stderr.strip()[-300:]!r}); fetch fewer or smaller "
             "files"
         )
-    data = json.loads(result.stdout)
+    try:
+        data = json.loads(result.stdout)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(b, str | None) for b in data.values()):
+        raise ConfigError(
+            "fetch_files could not be read back: the read-back run wrote "
+            f"{result.stdout[:120]!r}, not a JSON object of base64 file contents (did the code "
+            "replace json, sys.stdout.write or open, or leave a thread writing to stdout?); "
+            "fetch the files without changing those"
+        )
     return {p: b for p, b in data.items() if b is not None}

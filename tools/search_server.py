@@ -32,7 +32,7 @@ from aiohttp import web
 
 from agentloop.errors import ConfigError
 from agentloop.sandboxes.http_limits import HttpLimits
-from agentloop.sandboxes.http_server import HttpServer
+from agentloop.sandboxes.http_server import HttpServer, internal_error
 from agentloop.tools.search_index import SearchIndex
 
 __all__ = ["SearchServerConfig", "make_app", "run_search_server", "serve_search"]
@@ -175,7 +175,8 @@ _HINTS = {
 async def _json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """aiohttp's own 4xx (404, 405, 413) as JSON with a message, like ours."""
+    """aiohttp's own 4xx (404, 405, 413) as JSON with a message, like ours; any unexpected
+    exception as a JSON 500, logged once."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -183,6 +184,8 @@ async def _json_errors(
             raise
         hint = _HINTS.get(exc.status, exc.reason)
         return web.json_response({"error": f"{exc.reason}: {hint}"}, status=exc.status)
+    except Exception as exc:
+        return internal_error(request, exc, log)
 
 
 def make_app(index: SearchIndex, config: SearchServerConfig | None = None) -> web.Application:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +15,7 @@ from sbx_helpers import SUITE_LIMITS
 from agentloop.errors import SandboxError
 from agentloop.sandboxes import make_sandbox
 from agentloop.sandboxes.docker import LABEL, reap_containers, sandbox_containers
+from agentloop.sandboxes.seccomp import docker_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -101,3 +105,29 @@ async def test_output_written_after_a_run_ended_is_dropped_not_held(podman: Any)
     assert after.ok and after.stderr == "next run\n" and after.truncated, after
     assert set(after.stdout) == {"z"} and len(after.stdout) == limits.max_output_bytes
     assert peak_mb < 16, f"the host held {peak_mb:.0f} MB of 200 MB written after a run"
+
+
+async def test_the_podman_seccomp_profile_is_a_private_file_of_the_sandbox(podman: Any) -> None:
+    """Issue 21: the profile podman reads is a new 0600 file of this sandbox (removed at
+    close), never a fixed path in /tmp that another local user could plant first."""
+    tmp = Path(tempfile.gettempdir())
+    fixed = tmp / "agentloop-seccomp.json"
+    planted = '{"defaultAction": "SCMP_ACT_ALLOW"}'  # what another user could leave there
+    try:
+        fixed.write_text(planted)
+    except OSError as exc:
+        pytest.skip(f"cannot plant {fixed} here: {exc}")
+    before = set(tmp.glob("agentloop-seccomp-*.json"))
+    try:
+        async with make_sandbox("docker", client=podman.client(), limits=SUITE_LIMITS) as sb:
+            unshare = "import ctypes; print(ctypes.CDLL(None).unshare(0x10000000))"  # NEWUSER
+            res = await sb.run(unshare)
+            assert res.stdout == "-1\n", res  # refused: a profile is in force
+            (path,) = set(tmp.glob("agentloop-seccomp-*.json")) - before
+            info = path.stat()
+            assert (info.st_mode & 0o777, info.st_uid) == (0o600, os.getuid())
+            assert json.loads(path.read_text()) == json.loads(docker_profile())
+        assert fixed.read_text() == planted  # neither written nor read
+        assert set(tmp.glob("agentloop-seccomp-*.json")) == before  # removed at close
+    finally:
+        fixed.unlink()

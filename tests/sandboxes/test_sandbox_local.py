@@ -250,3 +250,22 @@ async def test_dev_is_no_unbounded_tmpfs(use_cgroups: bool) -> None:
         assert "stopped /dev/shm/fill ENOSPC" in res.stdout, res
         sem = await sb.run("import multiprocessing as m; m.Lock(); print('semaphore ok')")
         assert sem.stdout == "semaphore ok\n", sem
+
+
+async def test_a_thousand_files_with_long_paths_start_cold_in_both_languages() -> None:
+    """Issue 21 (item 4): 1,000 files whose paths add up to 3 MB (past the argv limit, which
+    used to fail with exit 127 and no message) reach a cold run, in Python and in bash."""
+    deep = "/".join(["d" * 200] * 15)
+    files = {f"{deep}/{i}/" + "f" * 200: str(i) for i in range(1000)}
+    assert sum(len(p) for p in files) > 3 << 20
+    count = (
+        "import os\nn = total = 0\nfor top, _, names in os.walk('.'):\n"
+        "    for name in names:\n        n += 1\n"
+        "        total += int(open(os.path.join(top, name)).read())\n"
+        f"print(n, total, os.access({deep!r}, os.W_OK))"
+    )
+    async with make_sandbox("local", limits=SandboxLimits(timeout_s=60), pool_size=0) as sb:
+        py = await sb.run(count, files=files)
+        assert py.stdout == f"1000 {sum(range(1000))} True\n", py
+        sh = await sb.run("find . -type f | wc -l", language="bash", files=files)
+        assert sh.stdout.strip() == "1000", sh

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,109 @@ async def test_cold_runs_take_big_programs_and_many_files_up_to_the_limits() -> 
                     await client.run("#" * (5 << 20))
         finally:
             await server.stop()
+
+
+async def test_a_burst_of_opens_while_every_slot_is_busy_keeps_the_session_caps() -> None:
+    """Issue 21 (items 1, 15): the caps are counted when an open arrives, not after it waited
+    for a run slot, so 6 concurrent opens while the only slot is busy give 2 sessions (the
+    per-client cap); and across clients the server-wide cap holds the same way."""
+    server = SandboxServer(
+        FakeSandbox(latency_s=0.5),
+        token=["a", "b"],
+        max_concurrency=1,
+        max_queue=16,
+        max_sessions=3,
+        max_sessions_per_client=2,
+    )
+    url = f"http://127.0.0.1:{await server.start()}"
+    try:
+        busy = asyncio.ensure_future(call("POST", url + "/v1/run", {"code": "pass"}))
+        await asyncio.sleep(0.1)  # the one run slot is taken: every open below waits for it
+        a = [asyncio.ensure_future(call("POST", url + "/v1/sessions", {})) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        b = [call("POST", url + "/v1/sessions", {}, token="b") for _ in range(2)]
+        answers_b = await asyncio.gather(*b)
+        answers_a = await asyncio.gather(*a)
+        await busy
+        assert sorted(s for s, _ in answers_a) == [200, 200, 429, 429], answers_a
+        assert sorted(s for s, _ in answers_b) == [200, 429], answers_b  # 3 at most in all
+        assert len(server.sessions) == 3
+    finally:
+        await server.stop()
+
+
+async def test_the_session_behind_fetch_files_counts_against_the_caps() -> None:
+    """SandboxFusion's ``fetch_files`` opens a session for the run and its read-back: it is
+    one of the client's sessions while it lives (and refused when the client is at its cap)."""
+    server = SandboxServer(FakeSandbox(latency_s=0.5), token="a", max_sessions_per_client=1)
+    url = f"http://127.0.0.1:{await server.start()}"
+    fusion = {"code": "pass", "fetch_files": ["out.txt"]}
+    try:
+        fetching = asyncio.ensure_future(call("POST", url + "/auth/a/run_code", fusion, None))
+        await asyncio.sleep(0.2)
+        status, body = await call("POST", url + "/v1/sessions", {})
+        assert status == 429 and "--max-sessions-per-client 1" in body["error"], body
+        status, body = await fetching
+        assert status == 200 and body["status"] == "Success", body
+        _, opened = await call("POST", url + "/v1/sessions", {})
+        status, body = await call("POST", url + "/auth/a/run_code", fusion, None)
+        assert status == 429 and body["type"] == "TooManySessions", body
+        await call("DELETE", f"{url}/v1/sessions/{opened['session_id']}")
+        assert (await call("POST", url + "/auth/a/run_code", fusion, None))[0] == 200
+    finally:
+        await server.stop()
+
+
+@needs_bwrap
+async def test_fetch_files_after_code_that_replaces_print(local_server: str) -> None:
+    """Issue 21 (items 14, 15): the read-back does not go through ``print``, so code that
+    replaced ``builtins.print`` still gets its files (it used to be a plain-text 500)."""
+    code = "import builtins\nbuiltins.print = lambda *a, **k: None\nopen('o.txt', 'w').write('hi')"
+    body = {"code": code, "fetch_files": ["o.txt"]}
+    status, res = await call("POST", local_server + "/auth/a/run_code", body, token=None)
+    assert status == 200 and res["status"] == "Success", res
+    assert base64.b64decode(res["files"]["o.txt"]) == b"hi"
+
+
+def _garbled_read_back(code: str, namespace: dict[str, Any]) -> str:
+    return "not json at all" if "b64encode" in code else ""
+
+
+async def test_a_garbled_fetch_files_read_back_is_a_clear_json_error() -> None:
+    server = SandboxServer(FakeSandbox(_garbled_read_back))
+    url = f"http://127.0.0.1:{await server.start()}"
+    try:
+        body = {"code": "pass", "fetch_files": ["o.txt"]}
+        async with aiohttp.ClientSession() as http, http.post(url + "/run_code", json=body) as r:
+            assert r.content_type == "application/json", await r.text()
+            res = await r.json()
+        assert res["status"] == "SandboxError", res
+        assert "fetch_files could not be read back" in res["message"], res
+        assert "'not json at all'" in res["message"] and "JSON object" in res["message"], res
+    finally:
+        await server.stop()
+
+
+def _crash(code: str, namespace: dict[str, Any]) -> str:
+    raise RuntimeError("a bug in the backend")
+
+
+async def test_an_unexpected_exception_is_a_json_500_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = SandboxServer(FakeSandbox(_crash))
+    url = f"http://127.0.0.1:{await server.start()}"
+    try:
+        with caplog.at_level(logging.ERROR):
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(url + "/v1/run", json={"code": "1"}) as r,
+            ):
+                assert (r.status, r.content_type) == (500, "application/json"), await r.text()
+                res = await r.json()
+        assert res["type"] == "InternalError" and "RuntimeError" in res["error"], res
+        assert "a bug in the backend" not in res["error"]  # details go to the log only
+        logged = [r for r in caplog.records if r.exc_info and "a bug" in str(r.exc_info[1])]
+        assert len(logged) == 1, caplog.records
+    finally:
+        await server.stop()
