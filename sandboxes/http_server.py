@@ -233,8 +233,9 @@ class HttpServer:
                     await request.read()  # cached: the handler's read()/json() reuse it
             except TimeoutError:
                 return await _timed_out(request, self.limits.body_timeout_s)
-            except ConnectionResetError:
-                # the client left mid-body, or the cap closed it: no one to answer
+            except (ConnectionResetError, RuntimeError):
+                # the client left mid-body, or the cap closed it (aiohttp's "Connection
+                # closed." RuntimeError): no one to answer
                 request.protocol.force_close()
                 return web.Response(status=400)
             finally:

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from sbx_helpers import PROJECT_DIR, SUITE_LIMITS, Host, bwrap_missing, orphaned_sandboxes
 
 from agentloop.errors import SandboxError
-from agentloop.sandboxes import make_sandbox
+from agentloop.sandboxes import SandboxLimits, make_sandbox
 from agentloop.sandboxes.podman import PodmanService, ensure_python_image, podman_missing
 
 BACKENDS = ["local", "docker", "remote"]
@@ -61,29 +62,27 @@ async def local_sb() -> AsyncIterator[Any]:
         yield sb
 
 
-async def _open(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+async def _open(
+    backend: str, request: pytest.FixtureRequest, limits: SandboxLimits = SUITE_LIMITS
+) -> AsyncIterator[Any]:
     if backend in ("local", "remote") and bwrap_missing():
         pytest.skip(str(bwrap_missing()))
     if backend == "local":
-        async with make_sandbox("local", limits=SUITE_LIMITS, pool_size=1) as sb:
+        async with make_sandbox("local", limits=limits, pool_size=1) as sb:
             yield sb
     elif backend == "docker":
         svc = request.getfixturevalue("podman")
-        async with make_sandbox(
-            "docker", client=svc.client(), limits=SUITE_LIMITS, pool_size=1
-        ) as sb:
+        async with make_sandbox("docker", client=svc.client(), limits=limits, pool_size=1) as sb:
             yield sb
     else:
         from agentloop.sandboxes.server import SandboxServer
 
-        async with make_sandbox("local", limits=SUITE_LIMITS, pool_size=1) as backend_sb:
+        async with make_sandbox("local", limits=limits, pool_size=1) as backend_sb:
             server = SandboxServer(backend_sb, max_concurrency=4, token="t0ken")
             port = await server.start("127.0.0.1", 0)
             try:
                 url = f"http://127.0.0.1:{port}"
-                async with make_sandbox(
-                    "remote", urls=url, token="t0ken", limits=SUITE_LIMITS
-                ) as sb:
+                async with make_sandbox("remote", urls=url, token="t0ken", limits=limits) as sb:
                     yield sb
             finally:
                 await server.stop(drain_timeout_s=5)
@@ -93,6 +92,13 @@ async def _open(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[A
 async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """Each real backend in turn: local (bwrap), docker (podman), remote (server on loopback)."""
     async for sb in _open(request.param, request):
+        yield sb
+
+
+@pytest.fixture(params=BACKENDS)
+async def cpu_capped(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each real backend with a CPU-time limit of 1 s per run (wall clock: the suite's 20 s)."""
+    async for sb in _open(request.param, request, replace(SUITE_LIMITS, cpu_time_s=1)):
         yield sb
 
 

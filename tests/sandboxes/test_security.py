@@ -349,3 +349,97 @@ async def test_no_nested_user_namespaces_no_ptrace(sandbox: Any, host: Host) -> 
     assert res.exit_code == 0, res
     assert "ALLOWED" not in res.stdout, res.stdout
     assert res.stdout.count("refused-") == 4, res.stdout
+
+
+_LIFT_CPU_LIMIT = """
+import os, resource, time
+unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+try:
+    resource.setrlimit(resource.RLIMIT_CPU, unlimited)  # a kernel's soft limit can be lifted
+except ValueError:
+    pass  # a cold run's hard limit cannot
+open("/proc/self/comm", "w").write({comm!r})
+def spin(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+if {in_child}:
+    pid = os.fork()
+    if pid == 0:
+        spin(4)
+        os._exit(0)
+    os.waitpid(pid, 0)
+else:
+    spin(4)
+print("spun 4 s of CPU")
+"""
+
+
+@pytest.mark.parametrize("in_child", [False, True], ids=["itself", "child"])
+async def test_code_cannot_lift_its_cpu_time_limit(
+    cpu_capped: Any, host: Host, in_child: bool
+) -> None:
+    """Issue 21 (item 1): with ``cpu_time_s=1``, code that raises its own RLIMIT_CPU to
+    unlimited (then spins 4 s, itself or in a child) is still stopped at its CPU limit: the
+    supervisor counts the run's CPU time from outside."""
+    code = _LIFT_CPU_LIMIT.format(comm=host.comm, in_child=in_child)
+    async with cpu_capped.session() as s:
+        res = await s.run(code)
+        assert res.timed_out and "spun" not in res.stdout, res
+        assert "CPU-time limit" in res.stderr, res
+        assert wait_gone(host.comm) == []
+        assert (await s.run("print('fresh')")).stdout == "fresh\n"
+    res = await cpu_capped.run(code)  # a one-off run on a warm kernel (or a cold one)
+    assert res.timed_out and "spun" not in res.stdout, res
+
+
+# name → (x86-64 number, first argument, the errno the filter answers). Without the filter each
+# call fails differently (EINVAL, EFAULT, EBADF, ESRCH...) or succeeds (unshare).
+_SYSCALLS = {
+    "keyctl": (250, 0, "EPERM"),
+    "add_key": (248, 0, "EPERM"),
+    "request_key": (249, 0, "EPERM"),
+    "perf_event_open": (298, 0, "EPERM"),
+    "userfaultfd": (323, 0, "EPERM"),
+    "io_uring_setup": (425, 0, "EPERM"),
+    "init_module": (175, 0, "EPERM"),
+    "finit_module": (313, -1, "EPERM"),
+    "delete_module": (176, 0, "EPERM"),
+    "bpf": (321, 0, "EPERM"),
+    "mount": (165, 0, "EPERM"),
+    "setns": (308, -1, "EPERM"),
+    "unshare": (272, 0x10000000, "EPERM"),  # CLONE_NEWUSER
+    "ptrace": (101, 16, "EPERM"),  # PTRACE_ATTACH
+    "clone_newuser": (56, 0x10000000 | 17, "ENOSYS"),  # CLONE_NEWUSER | SIGCHLD
+    "clone3": (435, 0, "ENOSYS"),
+    "vmsplice": (278, -1, "ENOSYS"),  # a real call not on the allow-list
+    "unknown_1000": (1000, 0, "ENOSYS"),  # no such call
+}
+_RAW_SYSCALLS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, (nr, arg) in {calls!r}.items():
+    ctypes.set_errno(0)
+    rc = libc.syscall(nr, arg, 0, 0, 0, 0)
+    if rc == 0 and name == "clone_newuser":
+        os._exit(0)  # the child of a clone that should not have happened
+    print(name, "ALLOWED" if rc != -1 else errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+
+
+async def test_seccomp_answers_eperm_for_denied_calls_and_enosys_for_unlisted_ones(
+    sandbox: Any, host: Host
+) -> None:
+    """Issue 21 (the isolation table in docs/guides/sandboxes.md): raw system calls made with
+    ``ctypes`` fail with the documented errno — EPERM for keyrings, perf, userfaultfd, io_uring,
+    modules, BPF, mounts, ``unshare``/``setns`` and ``ptrace``; ENOSYS for a namespace-creating
+    ``clone``, ``clone3``, a call not on the allow-list and an unknown number."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip(f"the syscall numbers are x86-64's; this is {platform.machine()}")
+    calls = {name: (nr, arg) for name, (nr, arg, _) in _SYSCALLS.items()}
+    res = await sandbox.run(_RAW_SYSCALLS.format(calls=calls))
+    assert res.exit_code == 0, res
+    got = dict(line.split() for line in res.stdout.splitlines())
+    assert got == {name: want for name, (_, _, want) in _SYSCALLS.items()}, res.stdout
