@@ -92,3 +92,26 @@ def _find(seq: tuple[int, ...], sub: list[int]) -> int:
     return next(
         (i for i in range(len(seq) - len(sub) + 1) if list(seq[i : i + len(sub)]) == sub), -1
     )
+
+
+@pytest.mark.slow
+def test_agentloop_eval_plays_the_simulated_user(
+    calc_caller_dir: Any, tmp_path: Any, tokenizer: Any
+) -> None:
+    """Through the CLI, with the env's settings as --env-arg: the skeptical user's turns are in
+    the written trajectories, masked."""
+    from agentloop.cli import main
+    from agentloop.io import read_trajectories
+
+    out = tmp_path / "run"
+    args = ["eval", "--env", ENV, "--env-arg", "sandbox=fake", "--env-arg", "double_check=true",
+            "--env-arg", "max_user_turns=1", "--model", str(calc_caller_dir), "--engine", "hf",
+            "--out", str(out), "--num-tasks", "3", "--n", "2", "--max-turns", "5",
+            "--max-response-len", "160", "--max-prompt-len", "512", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    trajs = read_trajectories(out / "trajectories.jsonl")
+    asked = [m for t in trajs for m in t.messages[2:] if m.role == "user"]
+    assert len(trajs) == 6 and asked, [[m.role for m in t.messages] for t in trajs]
+    assert all(m.content.startswith("Are you sure?") for m in asked)
+    for t in trajs:
+        assert sum(t.loss_mask) == sum(turn.completion_tokens for turn in t.turns)  # policy only

@@ -86,6 +86,29 @@ class HttpRetriever:
         self.url = root + "/retrieve"
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
 
+    async def check(self) -> None:
+        """The start-up check (the search tool's ``preflight``): the server's ``GET /health``
+        answers within ``timeout_s``; else a ConfigError naming the URL, before any episode
+        (a dead service would otherwise show up only as tool errors the policy trains on)."""
+        import aiohttp
+
+        root = self.url.removesuffix("/retrieve")
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(root + "/health") as resp,
+            ):
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ConfigError(
+                f"search server {root} does not answer ({detail}); check the URL and that "
+                "`agentloop serve-search` runs there"
+            ) from None
+        if status != 200:
+            raise ConfigError(f"search server {root} answered GET /health with HTTP {status}")
+
     async def retrieve(
         self, queries: Sequence[str], topk: int, *, session: Any = None
     ) -> list[list[Passage]]:
@@ -214,7 +237,8 @@ def search_tool(
     a retrieval server, wrapped in an :class:`HttpRetriever`).
 
     The passages are formatted to at most ``max_chars`` characters (every passage keeps its
-    share), so they fit the rollout's tool-output budget without losing whole passages.
+    share), so they fit the rollout's tool-output budget without losing whole passages. With a
+    server, the tool's ``preflight`` checks it answers (``Env.preflight``, before any episode).
     ``max_concurrency`` and ``rate_limit_per_s`` limit the calls of tool ``name`` across every
     episode of the process (protect a shared retrieval service).
     """
@@ -235,4 +259,5 @@ def search_tool(
         timeout_s=timeout_s,
         max_concurrency=max_concurrency,
         rate_limit_per_s=rate_limit_per_s,
+        preflight=retriever.check if isinstance(retriever, HttpRetriever) else None,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest_asyncio
 from aiohttp import web
 from search_helpers import load_bm25, served_index
 
+from agentloop.cli import main
 from agentloop.envs import make
 from agentloop.envs.search_qa import searchqa_corpus, searchqa_tasks
 from agentloop.errors import ConfigError, ToolError
@@ -212,6 +214,23 @@ async def test_search_tool_episode_against_the_server(search_url: str) -> None:
     await env.close()
 
 
+async def test_the_search_server_is_checked_before_any_episode(
+    search_url: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await make("agentloop/SearchQA-v0", retriever=search_url).preflight()  # it answers
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"
+    with pytest.raises(ConfigError, match=rf"search server {dead} does not answer"):
+        await make("agentloop/SearchQA-v0", retriever=dead).preflight()
+    args = ["eval", "--env", "agentloop/SearchQA-v0", "--env-arg", f"retriever={dead}",
+            "--model", str(tiny_model_dir), "--engine", "hf", "--out", str(tmp_path / "run"),
+            "--num-tasks", "1", "--quiet"]  # fmt: skip
+    assert await asyncio.to_thread(main, args) == 2  # named at start-up, nothing played
+    assert f"search server {dead} does not answer" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "trajectories.jsonl").exists()
+
+
 async def test_fake_retriever_ranks_by_overlap() -> None:
     fake = FakeRetriever(searchqa_corpus())
     (ranked,) = await fake.retrieve(["Vaiduth currency"], 2)
@@ -219,7 +238,6 @@ async def test_fake_retriever_ranks_by_overlap() -> None:
 
 
 def test_serve_search_cli_builds_then_serves(tmp_path: Path) -> None:
-    import socket
     import subprocess
     import sys
     import time
