@@ -96,3 +96,35 @@ async def test_two_grpo_steps_with_a_simulated_user(
     for step in (1, 2):
         assert metrics[step]["actor/updates"] >= 1 and metrics[step]["rollout/turns_mean"] > 2
         assert metrics[step]["rollout/failed_frac"] == 0.0
+
+
+async def test_a_model_plays_the_user_on_vllm(caller_engine: Any, tokenizer: Any) -> None:
+    """EngineUser: a second model (here the same vLLM engine) plays the user from a persona.
+    Its replies are generated on their own session, come back as ``user`` observations with
+    mask 0, and the policy's turns stay token-exact."""
+    from agentloop.chat import TokenBuilder
+    from agentloop.collect import collect
+    from agentloop.engines.base import SamplingParams
+    from agentloop.envs import CalcEnv
+    from agentloop.envs.user_sim import EngineUser, UserSimEnv
+
+    persona = "You asked: {prompt} Question the assistant's answer in one short sentence."
+    user = EngineUser(caller_engine, tokenizer, persona, SamplingParams(max_tokens=24))
+
+    def env() -> UserSimEnv:
+        return UserSimEnv(CalcEnv(), user, max_user_turns=1)
+
+    builder = TokenBuilder(tokenizer, tools=env().tool_schemas)
+    rollout = RolloutConfig(max_turns=5, max_prompt_len=caller_engine.max_model_len - RESPONSE_LEN,
+                            max_response_len=RESPONSE_LEN, check_template=True)  # fmt: skip
+    with recording(caller_engine) as calls:
+        groups = await collect(CalcEnv().tasks("test", 3), env, caller_engine, builder,
+                               config=rollout, group_size=2, seed=3)  # fmt: skip
+    sessions = by_session(calls)
+    user_sessions = [s for s in sessions if s.startswith("user-")]
+    trajs = [t for g in groups for t in g.trajectories]
+    for traj in trajs:
+        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
+        assert_matches_vllm(traj, sessions[f"{traj.task_id}#{traj.sample_index}"])
+    voiced = sum(_user_turns_are_masked(t, tokenizer) for t in trajs)
+    assert user_sessions and voiced >= 1, [[m.role for m in t.messages] for t in trajs]
