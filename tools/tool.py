@@ -29,9 +29,10 @@ class Tool:
     Build one with ``@tool``. Calling the ``Tool`` calls the function unchanged (handy in tests);
     the dispatcher instead validates JSON arguments with ``bind_arguments`` first.
 
-    ``max_concurrency`` and ``rate_limit_per_s`` hold for the tool's *name* across the process:
-    every session and episode, and every ``Tool`` of that name and limits (tools rebuilt per env
-    instance share them). A call abandoned at its deadline keeps its slot until it ends.
+    ``max_concurrency`` and ``rate_limit_per_s`` hold for the tool's *name* across every session
+    and episode, and every ``Tool`` of that name and limits (tools rebuilt per env instance share
+    them): the rate for the whole process, the concurrency per event loop (asyncio primitives
+    bind to one loop; eval and training run every episode on one). A call abandoned at its deadline keeps its slot until it ends.
     ``preflight`` (optional) checks the services the tool needs once, before the first episode
     (``Env.preflight``): e.g. the code interpreter starts its sandbox, whose servers are checked.
     ``context_param`` names the parameter that receives the episode's

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 from waits import eventually
 
+from agentloop.cli import _key_values
 from agentloop.envs import make
 from agentloop.tools import Toolset, tool
 from agentloop.tools.runtime import runtime_stats
@@ -106,14 +112,48 @@ async def test_a_timed_out_sync_call_holds_its_slot_until_its_thread_ends() -> N
     await eventually(lambda: runtime_stats().abandoned_running == before.abandoned_running)
 
 
-def test_built_in_tool_limits_come_from_the_env_config() -> None:
-    """``tool_max_concurrency`` / ``tool_rate_limit_per_s`` (YAML env_kwargs, --env-arg) reach
-    the built-in tools, shared by every env instance (one per episode)."""
-    a = make("agentloop/Calc-v0", sandbox="fake", tool_max_concurrency=3, tool_rate_limit_per_s=5)
-    b = make("agentloop/Calc-v0", sandbox="fake", tool_max_concurrency=3, tool_rate_limit_per_s=5)
-    ta, tb = a.toolset.get("python"), b.toolset.get("python")  # type: ignore[attr-defined]
+async def test_the_rate_limit_spaces_call_starts_across_episodes() -> None:
+    starts: list[float] = []
+
+    async def limited() -> str:
+        """Records when it started."""
+        starts.append(time.monotonic())
+        return "ok"
+
+    toolsets = [_episode_tools(limited, rate_limit_per_s=40) for _ in range(EPISODES)]
+    results = await _play(toolsets)  # every episode calls at once, twice
+    assert [r.content for r in results] == ["ok"] * 2 * EPISODES
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 1 / 40 - 1e-3, gaps  # at most 40 starts a second, whatever the episode
+
+
+@pytest.mark.parametrize(
+    ("env_id", "tool", "extra"),
+    [
+        ("agentloop/Calc-v0", "python", ["sandbox=fake"]),
+        ("agentloop/MathTool-v0", "code_interpreter", ["sandbox=fake", "files={FILES}"]),
+        ("agentloop/SearchQA-v0", "search", ["retriever=http://127.0.0.1:9"]),
+        ("agentloop/SearchR1-v0", "search", ["retriever=http://127.0.0.1:9", "files={FILES}"]),
+    ],
+)
+def test_built_in_tool_limits_come_from_the_env_config(
+    env_id: str, tool: str, extra: list[str], tmp_path: Path
+) -> None:
+    """``tool_max_concurrency`` / ``tool_rate_limit_per_s`` given as ``--env-arg`` (the same
+    mapping as YAML env_kwargs) reach the built-in tools, shared by every env instance (one per
+    episode)."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "q", "answer": "1" if "Math" in env_id else ["1"]}))
+    files = json.dumps({"train": str(tasks)})
+    args = [e.replace("{FILES}", files) for e in extra]
+    kwargs = _key_values([*args, "tool_max_concurrency=3", "tool_rate_limit_per_s=5"])
+    a, b = make(env_id, **kwargs), make(env_id, **kwargs)
+    ta, tb = a.toolset.get(tool), b.toolset.get(tool)  # type: ignore[attr-defined]
     assert ta is not tb and ta.limiter is tb.limiter
     assert ta.limiter.max_concurrency == 3 and ta.limiter.interval_s == 0.2
+
+
+def test_search_tool_limits_are_shared_by_tool_name() -> None:
     retriever = FakeRetriever([Passage("1", "t", "x")])
     s1: Tool = search_tool(retriever, max_concurrency=2)
     s2: Tool = search_tool(retriever, max_concurrency=2)
