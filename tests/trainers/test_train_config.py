@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import socket
 import warnings
 from pathlib import Path
 
@@ -167,6 +168,29 @@ def test_allowed_degenerate_settings_are_notices() -> None:
     ).notices()
     assert lr0.startswith("actor.lr=0: the optimiser never changes the weights")
     assert "as a loss term (actor.kl_coef=0.01) and as a reward penalty" in kl2
+
+
+def test_agentloop_train_shows_and_records_the_notices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the CLI: --print-config lists a notice under the config, and a run records it in
+    its notices.jsonl (with a warning) before anything else; here the run then stops at its
+    start-up check (no sandbox server answers), so no engine is started."""
+    assert main(["train", str(TINY), "actor.lr=0", "--print-config"]) == 0
+    assert (
+        "# notice: actor.lr=0: the optimiser never changes the weights" in capsys.readouterr().out
+    )
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"
+    out = tmp_path / "run"
+    args = ["train", str(TINY), "actor.lr=0", f"trainer.out_dir={out}", "logging.progress=false",
+            f"data.env_kwargs.sandbox={dead}"]  # fmt: skip
+    with pytest.warns(RunNotice, match=r"actor\.lr=0"):
+        assert main(args) == 2
+    assert f"sandbox server {dead} does not answer" in capsys.readouterr().err
+    [record] = [json.loads(line) for line in (out / NOTICES_FILE).read_text().splitlines()]
+    assert record["message"].startswith("actor.lr=0: the optimiser never changes the weights")
 
 
 def test_a_notice_warns_once_and_is_kept_in_the_run_dir(tmp_path: Path) -> None:
