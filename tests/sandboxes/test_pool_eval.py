@@ -160,11 +160,11 @@ def test_eval_whose_sandbox_fails_every_run_exits_non_zero(
     mid-run): the episodes end normally, but their tool calls failed for the service."""
     dead = json.dumps({"backend": "fake", "fail_after": 0})
     args = ["eval", "--env", ENV, "--model", str(calc_caller_dir), "--out", str(tmp_path / "run"),
-            "--engine", "hf", "--env-arg", f"sandbox={dead}", "--n", "1", "--num-tasks", "3",
-            "--temperature", "0", *SMALL]  # fmt: skip
+            "--engine", "hf", "--env-arg", f"sandbox={dead}", "--n", "1", "--num-tasks", "2",
+            "--temperature", "0", *SMALL, "--max-turns", "2"]  # fmt: skip
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert "3 of 3 episodes failed" in err and "3 with failed tool calls" in err, err
+    assert "2 of 2 episodes failed" in err and "2 with failed tool calls" in err, err
     assert "tool: Error: tool 'python'" in err, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["tool_failed"] == 3 and summary["tool_errors"]["tool_exception"] > 0
+    assert summary["tool_failed"] == 2 and summary["tool_errors"]["tool_exception"] > 0
