@@ -46,6 +46,7 @@ __all__ = [
     "EvalConfig",
     "config_fingerprint",
     "config_hash",
+    "env_factory",
     "eval_async",
     "open_engine",
     "run_eval",
@@ -232,21 +233,30 @@ def _run_lock(out: Path) -> Iterator[None]:
         yield
 
 
-def _env_factory(config: EvalConfig) -> Callable[[], Env]:
-    """Makes the env of ``config``, with the ``--tools`` added (listed once, shared)."""
-    from agentloop.tools.mcp import mcp_tools, parse_tool_spec
+def env_factory(
+    env: str,
+    env_kwargs: Mapping[str, Any],
+    tools: Sequence[str] = (),
+    tool_io: ToolTapeConfig | None = None,
+) -> Callable[[], Env]:
+    """Makes ``make(env, **env_kwargs)`` with the extra ``tools`` specs' tools added (``eval
+    --tools``, training's ``data.tools``): listed once here and shared by every env made, or
+    rebuilt from ``tool_io``'s recording when it replays without live tools
+    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it."""
+    from agentloop.tools.tool_specs import spec_tools
 
-    extra: list[Tool] = [t for spec in config.tools for t in mcp_tools(parse_tool_spec(spec))]
+    extra: list[Tool] = spec_tools(tools, tool_io)
 
     def factory() -> Env:
-        env = make(config.env, **config.env_kwargs)
+        made = make(env, **env_kwargs)
         if extra:
-            if not isinstance(env, ToolEnv):
+            if not isinstance(made, ToolEnv):
                 raise ConfigError(
-                    f"--tools adds tools to a ToolEnv; {config.env} is a {type(env).__name__}"
+                    f"extra tools ({', '.join(tools)}) are added to a ToolEnv's tools, but {env} "
+                    f"is a {type(made).__name__}; drop --tools/data.tools or play a ToolEnv"
                 )
-            env.add_tools(extra)
-        return env
+            made.add_tools(extra)
+        return made
 
     return factory
 
@@ -254,7 +264,7 @@ def _env_factory(config: EvalConfig) -> Callable[[], Env]:
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
     from transformers import AutoTokenizer
 
-    factory = _env_factory(config)
+    factory = env_factory(config.env, config.env_kwargs, config.tools, config.tool_io)
     env = factory()
     if config.tool_io.uses_live_tools:  # a replay needs no tool service
         await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors

@@ -3,9 +3,11 @@
 Each Markdown file's Python blocks run in order in one namespace, in a subprocess (top-level
 ``await`` allowed, as in ``python -m asyncio``); its ``bash`` blocks run in order in one shell
 working directory (the repository's ``recipes/`` and ``bench/`` linked in), with ``$MODEL`` set
-to the tiny model. A block that must not run here (a long training run, a GPU cluster) carries an
-annotation on the line above it, ``<!-- test: skip; covered by tests/x.py::test_y -->``, naming
-the test that covers it instead; that test must exist. ``text`` blocks are not code; ``yaml``
+to the tiny model and ``$CALLER`` to the tiny model taught to call Calc's tool (so that tool
+record/replay commands replay real calls). A block that must not run here (a long training run,
+a GPU cluster) carries an annotation on the line above it,
+``<!-- test: skip; covered by tests/x.py::test_y -->``, naming the test that covers it instead;
+that test must exist. ``text`` blocks are not code; ``yaml``
 and ``json`` blocks must parse.
 """
 
@@ -143,12 +145,13 @@ finally:
 """
 
 
-def _env(tiny_model_dir: Path) -> dict[str, str]:
+def _env(tiny_model_dir: Path, caller_dir: Path | None = None) -> dict[str, str]:
     return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "AGENTLOOP_TINY_MODEL": str(tiny_model_dir),
         "MODEL": str(tiny_model_dir),
+        **({"CALLER": str(caller_dir)} if caller_dir is not None else {}),
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
 
@@ -178,7 +181,9 @@ def _runnable(path: Path, lang: str) -> list[Block]:
 
 @pytest.mark.slow  # each `agentloop` command is a fresh process importing torch; one trains SFT
 @pytest.mark.parametrize("path", _files_with("bash"), ids=_ids(_files_with("bash")))
-def test_shell_blocks_run(path: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_shell_blocks_run(
+    path: Path, tiny_model_dir: Path, calc_caller_dir: Path, tmp_path: Path
+) -> None:
     for folder in ("recipes", "bench"):  # commands name repository paths, as from its root
         (tmp_path / folder).symlink_to(ROOT / folder)
     for b in _runnable(path, "bash"):
@@ -187,10 +192,18 @@ def test_shell_blocks_run(path: Path, tiny_model_dir: Path, tmp_path: Path) -> N
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            env=_env(tiny_model_dir),
+            env=_env(tiny_model_dir, calc_caller_dir),
             timeout=540,
         )
         _check(proc, f"the shell block at {b.where}")
+    for recording in _REPLAYED.get(str(path.relative_to(ROOT)), ()):
+        calls = (tmp_path / recording / "tool_calls.jsonl").read_text()
+        assert calls.strip(), f"{path.name}: {recording} recorded no tool call: the replay is empty"
+
+
+#: Tool recordings a file's commands make and replay: each must hold calls, or the identity its
+#: commands check would hold trivially.
+_REPLAYED = {"README.md": ("tape",), "docs/guides/mcp-and-replay.md": ("tapes/calc",)}
 
 
 @pytest.mark.slow

@@ -28,14 +28,16 @@ STARTS: dict[str, tuple[str, ...]] = {
 #: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
 #: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
 #: lane "b": the long demo (its SFT stage read by the SFT test), then training runs that start
-#: their own engines and no Ray (async, an SDK agent, the dead-sandbox guard). Everything else
-#: is lane "a", Ray included (one Ray cluster at a time). Balance the two by --durations.
+#: their own engines and no Ray (async, an SDK agent, the dead-sandbox guard, tool I/O replay).
+#: Everything else is lane "a", Ray included (one Ray cluster at a time). Balance the two by
+#: --durations.
 LANE_B = frozenset({
     "tests/recipes/test_demo.py",
     "tests/trainers/test_sft_calc.py",
     "tests/trainers/test_async_vllm.py",
     "tests/trainers/test_train_agent.py",
     "tests/trainers/test_train_guard_cli.py",
+    "tests/trainers/test_train_tool_io.py",
 })  # fmt: skip
 
 

@@ -34,7 +34,15 @@ from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded
 from agentloop.tools.tool import Tool
 from agentloop.tools.toolset import ToolOutput
 
-__all__ = ["MCPServerSpec", "MCPTool", "list_mcp_tools", "mcp_tools", "parse_tool_spec"]
+__all__ = [
+    "MCPServerSpec",
+    "MCPTool",
+    "MCPToolSchema",
+    "list_mcp_tools",
+    "mcp_tools",
+    "mcp_tools_from_schemas",
+    "parse_tool_spec",
+]
 
 log = logging.getLogger(__name__)
 _CONTEXT_PARAM = "_agentloop_mcp_context"  # cannot clash with a JSON-schema property we pass on
@@ -270,18 +278,36 @@ async def list_mcp_tools(spec: MCPServerSpec) -> list[Tool]:
         raise ConfigError(
             f"MCP server {spec.label!r} has no tools {unknown}; it has {sorted(by_name)}"
         )
+    schemas = [
+        MCPToolSchema(n, by_name[n].description or "", dict(by_name[n].input_schema)) for n in names
+    ]
+    return mcp_tools_from_schemas(spec, schemas)
+
+
+@dataclass(frozen=True)
+class MCPToolSchema:
+    """What a server declares of one tool: its name, description and input JSON schema."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+def mcp_tools_from_schemas(spec: MCPServerSpec, schemas: Sequence[MCPToolSchema]) -> list[Tool]:
+    """``Tool``s calling ``spec``'s server with the given (listed or recorded) schemas; nothing
+    connects until a call runs."""
     return [
         MCPTool(
-            name=n,
-            description=by_name[n].description or "",
-            parameters=dict(by_name[n].input_schema),
-            fn=_make_call(spec, n),
+            name=s.name,
+            description=s.description,
+            parameters=dict(s.input_schema),
+            fn=_make_call(spec, s.name),
             timeout_s=spec.timeout_s + spec.startup_timeout_s,  # the call's own deadline is inside
             max_concurrency=spec.max_concurrency,
             rate_limit_per_s=spec.rate_limit_per_s,
             context_param=_CONTEXT_PARAM,
         )
-        for n in names
+        for s in schemas
     ]
 
 

@@ -18,7 +18,8 @@ the episode's tool-calling turns from 0 and the arguments are compared as canoni
 keys). Lines are appended and flushed one by one, so a killed run loses at most the line being
 written; a torn last line is cut when the file is next opened for recording and skipped when it
 is read. Images are stored inline as base64 PNG. A key recorded several times (a task played
-again in a later training step) is served in recorded order, the last one repeating.
+again in a later training step) is served in recorded order, the last one repeating. A run
+with MCP tools also keeps their schemas beside the calls (``agentloop.tools.tool_specs``).
 """
 
 from __future__ import annotations
@@ -367,16 +368,24 @@ def episode_scope(task_id: str, sample_index: int) -> Iterator[None]:
 class tool_tape:
     """Install a :class:`ToolTape` for the episodes run inside (``with`` or ``async with``);
     ``None`` or an inactive config installs nothing. The tape is closed on exit, and with the
-    ``fail`` miss policy a run that met missing calls raises ``ToolError`` there."""
+    ``fail`` miss policy a run that met missing calls raises ``ToolError`` there. Inside a tape
+    of the same config (validation inside a training run) that tape goes on serving: the file
+    is opened once and the outer run owns, closes and checks it."""
 
     config: ToolTapeConfig | None
     tape: ToolTape | None = field(default=None, init=False)
     _token: contextvars.Token[ToolTape | None] | None = field(default=None, init=False)
+    _owned: bool = field(default=False, init=False)
 
     def __enter__(self) -> ToolTape | None:
-        if self.config is not None and self.config.active:
-            self.tape = ToolTape(self.config)
-            self._token = _TAPE.set(self.tape)
+        if self.config is None or not self.config.active:
+            return None
+        outer = _TAPE.get()
+        if outer is not None and outer.config == self.config:
+            self.tape = outer
+            return outer
+        self.tape, self._owned = ToolTape(self.config), True
+        self._token = _TAPE.set(self.tape)
         return self.tape
 
     def __exit__(
@@ -385,7 +394,7 @@ class tool_tape:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.tape is None:
+        if self.tape is None or not self._owned:
             return
         if self._token is not None:
             _TAPE.reset(self._token)

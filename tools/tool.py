@@ -32,7 +32,8 @@ class Tool:
     ``max_concurrency`` and ``rate_limit_per_s`` hold for the tool's *name* across every session
     and episode, and every ``Tool`` of that name and limits (tools rebuilt per env instance share
     them): the rate for the whole process, the concurrency per event loop (asyncio primitives
-    bind to one loop; eval and training run every episode on one). A call abandoned at its deadline keeps its slot until it ends.
+    bind to one loop; eval and training run every episode on one). A call abandoned at its
+    deadline keeps its slot until it ends.
     ``preflight`` (optional) checks the services the tool needs once, before the first episode
     (``Env.preflight``): e.g. the code interpreter starts its sandbox, whose servers are checked.
     ``context_param`` names the parameter that receives the episode's

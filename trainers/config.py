@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from agentloop.engines.vllm import VLLMConfig, WeightTransport, check_settings
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig
+from agentloop.tools.mcp import parse_tool_spec
 from agentloop.tools.recording import ToolTapeConfig
 from agentloop.trainers.advantages import ADV_ESTIMATORS
 from agentloop.trainers.config_text import config_to_yaml
@@ -82,6 +83,12 @@ class DataConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor (``make(env, **env_kwargs)``), the same for
     training and validation episodes."""
+    tools: list[str] = field(default_factory=list)
+    """Extra tools for the env (a ``ToolEnv``), as ``agentloop eval --tools`` takes them:
+    ``mcp:COMMAND ARGS`` (an MCP server over stdio, a process per episode) or
+    ``mcp:http://HOST:PORT/mcp`` (streamable HTTP); one named like an env tool replaces it.
+    Training and validation episodes get them; with ``rollout.tools_replay`` they are made from
+    the recording's schemas, without the servers."""
     train_split: str = "train"
     """The env's task split that training samples prompts from."""
     num_train_tasks: int | None = None
@@ -107,6 +114,11 @@ class DataConfig:
                 for name in ("num_train_tasks", "num_val_tasks")
             ],
         )
+        for i, spec in enumerate(self.tools):
+            try:
+                parse_tool_spec(spec)
+            except ConfigError as exc:
+                raise ConfigError(f"data.tools[{i}]={spec!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

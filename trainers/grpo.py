@@ -28,8 +28,8 @@ import torch
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
-from agentloop.envs import make
 from agentloop.errors import AgentLoopError, ConfigError
+from agentloop.eval import env_factory
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.tools.recording import tool_tape
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
@@ -125,7 +125,10 @@ async def train_async(
     for message in cfg.notices():
         notices.note(message, message)
     model_dir = resolve_model_path(cfg.model.path)
-    env = make(cfg.data.env, **cfg.data.env_kwargs)
+    # the env of every episode, with data.tools added (listed once: a server that is not up
+    # fails here, named; a replay makes them from the recording)
+    env_of = env_factory(cfg.data.env, cfg.data.env_kwargs, cfg.data.tools, cfg.rollout.tool_io())
+    env = env_of()
     if cfg.rollout.tool_io().uses_live_tools:  # a replay needs no tool service
         await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
@@ -143,7 +146,7 @@ async def train_async(
         state = await _restore(run)
         start, source = (state.step, state.source) if state else (0, None)
         run.source = make_source(
-            GenContext(cfg, meter, builder, sampler), start=start, state=source
+            GenContext(cfg, meter, builder, sampler, env_of), start=start, state=source
         )
         logger = MetricsLogger(
             cfg.logging,
@@ -392,6 +395,8 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
         concurrency=cfg.rollout.concurrency,
         rollout=cfg.rollout.base(),
         env_kwargs=cfg.data.env_kwargs,
+        tools=tuple(cfg.data.tools),
+        tool_io=cfg.rollout.tool_io(),  # the run's tape: validation replays (or records) too
     )
     assert run.engine is not None
     s = await eval_async(ecfg, engine=run.engine, progress=False)

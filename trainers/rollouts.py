@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentloop.chat import TokenBuilder
-from agentloop.collect import collect, stable_seed
+from agentloop.collect import EnvFactory, collect, stable_seed
 from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import AgentLoopError
 from agentloop.trainers.config import TrainConfig
@@ -56,6 +56,8 @@ class GenContext:
     engine: Engine | None
     builder: TokenBuilder
     sampler: PromptSampler
+    env: EnvFactory
+    """Makes each episode's env (``data.env`` with ``data.tools``, see ``eval.env_factory``)."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,13 @@ async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[Traje
     assert ctx.engine is not None
     groups = await collect(
         tasks,
-        cfg.data.env,
+        ctx.env,
         ctx.engine,
         ctx.builder,
         config=cfg.rollout.base(),
         group_size=cfg.rollout.n,
         concurrency=cfg.rollout.concurrency,
         seed=seed,
-        env_kwargs=cfg.data.env_kwargs,
     )
     if alg.overlong_buffer:
         groups = apply_overlong_penalty(

@@ -4,23 +4,28 @@ this module and put back afterwards).
 
 - A recorded eval replayed with the same seeds gives the same trajectories (token ids, masks,
   rewards) while the sandbox is unusable; a changed call follows the miss policy.
-- A multi-turn Calc rollout whose python tool is an MCP server's (stdio, a process per episode).
+- A multi-turn Calc rollout whose python tool is an MCP server's (stdio, a process per episode),
+  recorded, then replayed with the server's command unusable (its tools made from the recorded
+  schemas).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentloop.errors import ToolError
+from agentloop.errors import ConfigError, ToolError
 from agentloop.eval import EvalConfig, eval_async
 from agentloop.io import read_jsonl
 from agentloop.rollout import RolloutConfig
 from agentloop.tools.recording import TAPE_FILE, ToolTapeConfig, read_tape
+from agentloop.tools.tool_specs import SCHEMAS_FILE, read_schemas
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -30,8 +35,6 @@ SERVER = Path(__file__).parents[1] / "tools" / "mcp_server.py"
 # Calc tool call that reached it would come back as an error observation, so a replay that ran
 # the tool would show.
 NO_SANDBOX = {"sandbox": "remote"}
-# The test server with its `python` tool only (the tiny model's context holds few schemas).
-MCP_PYTHON = f"mcp:{sys.executable} {SERVER} --only python"
 
 
 def _config(engine: Any, model: Path, out: Path, **kw: Any) -> EvalConfig:
@@ -99,12 +102,17 @@ async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
     assert _records(tmp_path / "d")[victim]["stop_reason"] == "tool_fatal"
 
 
-async def test_multi_turn_calc_through_an_mcp_server(
+async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_without_it(
     caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
 ) -> None:
-    # The server's `python` tool replaces Calc's; Calc's own sandbox is unusable.
+    # The server's `python` tool replaces Calc's; Calc's own sandbox is unusable. The server
+    # runs from a copy, deleted before the replay: its command can no longer start it.
+    server = tmp_path / "server.py"
+    shutil.copy(SERVER, server)
+    tools = (f"mcp:{sys.executable} {server} --only python",)
+    tape = tmp_path / "tape"
     config = _config(caller_engine, calc_caller_dir, tmp_path / "mcp", env_kwargs=NO_SANDBOX,
-                     tools=(MCP_PYTHON,), num_tasks=1)  # fmt: skip
+                     tools=tools, num_tasks=1, tool_io=ToolTapeConfig(record=tape))  # fmt: skip
     summary = await eval_async(config, engine=caller_engine, progress=False)
     records = read_jsonl(tmp_path / "mcp" / "trajectories.jsonl")
     assert summary.mean_turns > 1 and summary.tool_calls_per_episode > 0
@@ -115,4 +123,18 @@ async def test_multi_turn_calc_through_an_mcp_server(
     failures = ("tool_error/tool_exception", "tool_error/timeout")
     assert not [r["metrics"] for r in records if any(k in r["metrics"] for k in failures)]
     config_json = json.loads((tmp_path / "mcp" / "config.json").read_text())
-    assert config_json["tools"] == [MCP_PYTHON]
+    assert config_json["tools"] == list(tools)
+    assert list(read_schemas(tape)) == [f"{sys.executable} {server} --only python"]
+
+    server.unlink()
+    replay = _config(caller_engine, calc_caller_dir, tmp_path / "replayed", env_kwargs=NO_SANDBOX,
+                     tools=tools, num_tasks=1,
+                     tool_io=ToolTapeConfig.of(None, str(tape), "fail", "zero"))  # fmt: skip
+    await eval_async(replay, engine=caller_engine, progress=False)
+    assert _episodes(tmp_path / "replayed") == _episodes(tmp_path / "mcp")
+
+    # without the schemas the replay cannot make the server's tools: a clear error at start
+    (tape / SCHEMAS_FILE).unlink()
+    again = dataclasses.replace(replay, out=tmp_path / "no-schemas")
+    with pytest.raises(ConfigError, match="holds no tool schemas of the MCP server"):
+        await eval_async(again, engine=caller_engine, progress=False)

@@ -5,9 +5,11 @@ observation, one session per episode is released, and per-tool limits hold acros
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from agentloop.envs import ToolEnv
 from agentloop.errors import ConfigError
 from agentloop.tools import ToolErrorKind
 from agentloop.tools.mcp import MCPServerSpec, mcp_tools, parse_tool_spec
+from agentloop.tools.recording import TAPE_FILE, ToolTapeConfig
+from agentloop.tools.tool_specs import SCHEMAS_FILE, spec_tools
 from agentloop.types import Message, Task, ToolCall
 
 # Each test starts MCP server processes (≈2 s each on a loaded 2-core machine).
@@ -74,6 +78,59 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or _zombie(pid)
+
+
+async def _server_pid(env: ToolEnv) -> int:
+    ((pid, kind),) = await _step(env, ToolCall("pid", {}))
+    assert kind is None, pid
+    return int(pid)
+
+
+async def test_the_server_process_is_gone_after_a_hung_call() -> None:
+    env = _env(mcp_tools(stdio_spec(timeout_s=2.0, startup_timeout_s=20.0)))
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        pid = await _server_pid(env)
+        (hung,) = await _step(env, ToolCall("hang", {}))
+        assert hung[1] is ToolErrorKind.TIMEOUT
+        assert psutil.pid_exists(pid) and not _zombie(pid)  # still hanging: the episode holds it
+    finally:
+        await env.close()
+    await eventually(lambda: _gone(pid))
+
+
+async def test_the_server_process_is_gone_after_it_died_mid_episode() -> None:
+    env = _env(mcp_tools(stdio_spec(timeout_s=10.0, startup_timeout_s=20.0)))
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        pid = await _server_pid(env)
+        (died,) = await _step(env, ToolCall("die", {}))
+        assert died[1] is ToolErrorKind.TOOL_EXCEPTION and "it may have stopped" in died[0]
+    finally:
+        await env.close()
+    await eventually(lambda: _gone(pid))
+
+
+async def test_the_server_process_is_gone_after_a_call_is_cancelled() -> None:
+    env = _env(mcp_tools(stdio_spec(timeout_s=60.0, startup_timeout_s=20.0)))
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    try:
+        pid = await _server_pid(env)
+        server = psutil.Process(pid)
+        read = server.io_counters().read_chars
+        call = asyncio.ensure_future(_step(env, ToolCall("hang", {})))
+        # the call is in flight once the server has read its request
+        await eventually(lambda: server.io_counters().read_chars > read)
+        call.cancel()  # e.g. the episode's deadline, or the run stopping
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    finally:
+        await env.close()
+    await eventually(lambda: _gone(pid))
+
+
 async def test_every_failure_is_a_named_observation(tmp_path: Path) -> None:
     flag = tmp_path / "fail-at-start"
     tools = mcp_tools(stdio_spec(flag, timeout_s=3.0))
@@ -116,9 +173,8 @@ def test_a_server_that_cannot_be_listed_is_a_config_error(tmp_path: Path) -> Non
     assert parse_tool_spec("mcp:python 'my server.py'").command == ("python", "my server.py")
 
 
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[str]:
-    """The test server over streamable HTTP on a free loopback port."""
+def _start_http_server() -> tuple[subprocess.Popen[bytes], str]:
+    """The test server over streamable HTTP on a free loopback port, listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -129,7 +185,19 @@ def http_server() -> Iterator[str]:
     )
     try:
         asyncio.run(eventually(lambda: _listening(port), timeout=60.0))
-        yield f"http://127.0.0.1:{port}/mcp"
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    """The test server over streamable HTTP, for the module."""
+    proc, url = _start_http_server()
+    try:
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -163,3 +231,53 @@ async def test_http_server_tools_with_limits_shared_across_episodes(http_server:
         assert await _step(env, ToolCall("add", {"a": 3, "b": 4})) == [("7", None)]
     finally:
         await env.close()
+
+
+async def test_an_http_server_stopped_mid_episode_is_a_named_error_not_a_hang() -> None:
+    proc, url = await asyncio.to_thread(_start_http_server)
+    try:
+        env = _env(mcp_tools(url, timeout_s=20.0, startup_timeout_s=20.0))
+        await env.reset(options={"task": Task("t", {"prompt": "x"})})
+        try:
+            assert await _step(env, ToolCall("add", {"a": 1, "b": 2})) == [("3", None)]
+            proc.kill()  # the server goes away between two calls of the episode
+            await asyncio.to_thread(proc.wait, 30)
+            started = time.monotonic()
+            ((content, kind),) = await _step(env, ToolCall("add", {"a": 1, "b": 2}))
+            assert kind is ToolErrorKind.TOOL_EXCEPTION, (content, kind)
+            assert url in content and "it may have stopped" in content
+            assert time.monotonic() - started < 20.0  # an error at once, not the call's deadline
+        finally:
+            await env.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+async def test_a_replay_makes_the_tools_from_the_recorded_schemas_without_the_server(
+    tmp_path: Path,
+) -> None:
+    """eval --tools / data.tools with a recording: the schemas go beside the calls, and a
+    replay that runs no tool builds the same tools while the server cannot start."""
+    server = tmp_path / "server.py"
+    shutil.copy(SERVER, server)
+    specs = [f"mcp:{sys.executable} {server}"]
+    rec = tmp_path / "rec"
+    live = spec_tools(specs, ToolTapeConfig(record=rec))
+    assert (rec / SCHEMAS_FILE).is_file()
+    (rec / TAPE_FILE).write_text("")  # a recording without calls is still a recording
+    server.unlink()  # the server's command is unusable from now on
+
+    replayed = spec_tools(specs, ToolTapeConfig(replay=rec, miss="fail"))
+    assert [(t.name, t.description, t.parameters) for t in replayed] == [
+        (t.name, t.description, t.parameters) for t in live
+    ]
+    env = _env(replayed)  # a miss never reaches the server: nothing starts
+    await env.reset(options={"task": Task("t", {"prompt": "x"})})
+    await env.close()
+    with pytest.raises(ConfigError, match="holds no tool schemas of the MCP server"):
+        spec_tools([f"mcp:{sys.executable} other.py"], ToolTapeConfig(replay=rec))
+    (rec / SCHEMAS_FILE).unlink()
+    with pytest.raises(ConfigError, match=r"holds no tool schemas .* it has \[\]"):
+        spec_tools(specs, ToolTapeConfig(replay=rec))

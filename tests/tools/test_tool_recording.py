@@ -154,6 +154,22 @@ async def test_a_torn_last_line_is_cut_and_skipped(tmp_path: Path) -> None:
     assert [r["sample_index"] for r in read_tape(rec)] == [0, 1]
 
 
+async def test_a_tape_of_the_same_config_inside_is_the_outer_one(tmp_path: Path) -> None:
+    """Validation inside a training run: its eval installs the run's settings again and goes
+    on with the run's tape (one file handle); the outer run closes and checks it."""
+    rec = ToolTapeConfig(record=tmp_path / "rec")
+    with tool_tape(rec) as outer:
+        await _episode("train", 0, TURNS[1:])
+        with tool_tape(ToolTapeConfig(record=tmp_path / "rec")) as inner:
+            assert inner is outer
+            await _episode("val", 0, TURNS[1:])
+        await _episode("train", 1, TURNS[1:])  # still open after the inner exit
+        with tool_tape(ToolTapeConfig(record=tmp_path / "other")) as another:
+            assert another is not outer  # other settings: a tape of its own
+    assert outer is not None and outer.recorded == 3
+    assert [r["task_id"] for r in read_tape(tmp_path / "rec")] == ["train", "val", "train"]
+
+
 def test_bad_settings_name_the_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"holds no tool_calls\.jsonl"):
         ToolTapeConfig(replay=tmp_path)
