@@ -314,9 +314,12 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
         elapsed_s=elapsed,
     )
     from agentloop.sandboxes.remote_pool import pool_stats
+    from agentloop.tools.runtime import runtime_stats
 
     pools = [p.to_dict() for p in pool_stats()]  # per-server sandbox metrics, if a pool was used
     extra = {"config_parts": parts, **({"sandbox_pools": pools} if pools else {})}
+    abandoned = runtime_stats()  # tool calls past their deadline whose work went on
+    extra["tool_calls_abandoned"] = dataclasses.asdict(abandoned)
     _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), **extra})
     return summary
 

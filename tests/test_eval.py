@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,13 +18,14 @@ import pytest
 
 from agentloop.chat import TokenBuilder
 from agentloop.cli import main
-from agentloop.envs import make
+from agentloop.envs import ToolEnv, make
 from agentloop.errors import ConfigError
 from agentloop.eval import EvalConfig, config_fingerprint, config_hash, run_eval
 from agentloop.eval_report import EvalSummary, compare_runs, print_comparison, summarize
 from agentloop.io import JsonlWriter, read_jsonl, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
-from agentloop.types import StopReason, Trajectory
+from agentloop.tools import tool
+from agentloop.types import StopReason, Task, Trajectory
 
 ENV = "agentloop/Calc-v0"
 SMALL = ["--max-turns", "2", "--max-response-len", "32", "--max-prompt-len", "512"]
@@ -365,3 +367,46 @@ def test_a_damaged_run_dir_is_a_clean_error_naming_the_file(
     assert main(["eval", "--compare", str(b), str(b)]) == 2
     err = capsys.readouterr().err
     assert f"{b / 'trajectories.jsonl'}:3 lacks ['task_id', 'sample_index']" in err
+
+
+class _StuckEnv(ToolEnv):
+    """One sync tool that outlives its deadline (its thread goes on until released)."""
+
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        @tool(name="stuck", timeout_s=0.2)
+        def stuck() -> str:
+            """Blocks until the test releases it."""
+            _StuckEnv.release.wait(30)
+            return "late"
+
+        super().__init__([stuck], lambda task, messages: 0.0)
+
+    def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
+        return [Task(f"s{i}", {"prompt": "call stuck"}) for i in range(limit or 2)]
+
+
+async def test_a_tool_call_abandoned_at_its_deadline_is_counted_in_the_summary(
+    tokenizer: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from agentloop.engines.fake import FakeEngine
+    from agentloop.envs import register
+    from agentloop.eval import eval_async
+    from agentloop.tools.runtime import runtime_stats
+
+    register("test/Stuck-v0", _StuckEnv, override=True)
+    call = '<tool_call>\n{"name": "stuck", "arguments": {}}\n</tool_call>'
+    engine = FakeEngine([call, "done"] * 2, tokenizer=tokenizer, eos_token_id=2)
+    config = EvalConfig("test/Stuck-v0", str(tiny_model_dir), tmp_path / "run", n=1,
+                        num_tasks=2, engine="hf", concurrency=1,
+                        rollout=RolloutConfig(max_turns=2, max_response_len=128))  # fmt: skip
+    before = runtime_stats().abandoned_total
+    try:
+        s = await eval_async(config, engine=engine, progress=False)
+        assert s.tool_errors == {"timeout": 1.0}
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["tool_calls_abandoned"]["abandoned_total"] == before + 2
+        assert summary["tool_calls_abandoned"]["abandoned_running"] >= 2  # still blocked
+    finally:
+        _StuckEnv.release.set()

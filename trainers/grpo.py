@@ -32,6 +32,7 @@ from agentloop.errors import AgentLoopError, ConfigError
 from agentloop.eval import env_factory
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.tools.recording import tool_tape
+from agentloop.tools.runtime import runtime_stats
 from agentloop.trainers.advantages import KlInReward, trajectory_advantages
 from agentloop.trainers.checkpoint import RngState, RunState, resume_checkpoint
 from agentloop.trainers.config import (
@@ -180,6 +181,9 @@ async def _loop(
         metrics.update(guard.check(step, trajs, metrics.get("rollout/tool_error_rate", 0.0)))
         for i, pool in enumerate(pool_stats()):  # remote sandbox servers used on this loop
             metrics.update(pool.metrics(f"sandbox{i or ''}"))
+        abandoned = runtime_stats()  # tool calls past their deadline whose work went on
+        metrics["tools/abandoned_running"] = float(abandoned.abandoned_running)
+        metrics["tools/abandoned_total"] = float(abandoned.abandoned_total)
         if guard.should_stop:
             logger.log(step, metrics)  # the failing steps' metrics are kept
             raise guard.stop(step, trajs)

@@ -85,3 +85,4 @@ def test_a_run_whose_sandbox_dies_stops_after_n_failed_steps_with_the_error(
     assert all(m["rollout/failed_frac"] > 0 for m in metrics.values())
     # the pool's metrics: its one server is down, and the calls that hit it are counted
     assert metrics[2]["sandbox/servers_up"] == 0.0 and metrics[2]["sandbox/errors"] > 0
+    assert metrics[2]["tools/abandoned_running"] == 0.0  # no call outlived its deadline
