@@ -4,7 +4,9 @@ policy; the file is append-only, keyed per episode/turn/call, and survives a tor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +198,43 @@ def test_cli_and_training_config_name_bad_tool_io_values(
         TrainRolloutConfig(tools_replay_miss="never")
     rollout = TrainRolloutConfig(tools_record=str(tmp_path / "t"), tools_replay_latency="recorded")
     assert rollout.tool_io().record == tmp_path / "t" and rollout.tool_io().active
+
+
+#: A recording shipped with the tests (three Calc-v0 episodes' python calls, made with
+#: ``--record``): an env's regression test replays it instead of running a sandbox.
+ENV = "agentloop/Calc-v0"
+SHIPPED_TAPE = Path(__file__).parent.parent / "data" / "calc_tape"
+
+
+async def test_a_shipped_recording_stands_in_for_the_sandbox(
+    tokenizer: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The scripted policy calls python as when the tape was recorded, then boxes whatever the
+    tool printed: a reward of 1 means the tape served the output, since the sandbox is a remote
+    one that no server answers (and a call not on the tape fails the episode)."""
+    from agentloop.engines.fake import FakeEngine
+    from agentloop.envs import make
+    from agentloop.eval import EvalConfig, eval_async
+    from agentloop.rollout import RolloutConfig
+
+    tasks = make(ENV, sandbox="fake").tasks("test", 3)
+    answers = {t.data["prompt"]: t.data["answer"] for t in tasks}
+    question = re.compile(r"user\n(.*?)<\|im_end\|>")
+    printed = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+
+    def respond(prompt_ids: Any, sampling: Any) -> str:
+        text = tokenizer.decode(prompt_ids)
+        if outputs := printed.findall(text):
+            return "\\boxed{" + outputs[-1].strip() + "}"
+        code = f"print({answers[question.findall(text)[0]]})"
+        call = {"name": "python", "arguments": {"code": code}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    engine = FakeEngine(respond, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
+    dead = {"backend": "remote", "urls": ["http://127.0.0.1:9"], "retries": 0}
+    tape = ToolTapeConfig.of(None, str(SHIPPED_TAPE), "fail", "zero")
+    rollout = RolloutConfig(max_turns=2, max_response_len=128)
+    config = EvalConfig(ENV, str(tiny_model_dir), tmp_path / "run", n=1, num_tasks=3, engine="hf",
+                        env_kwargs={"sandbox": dead}, rollout=rollout, tool_io=tape)  # fmt: skip
+    summary = await eval_async(config, engine=engine, progress=False)
+    assert summary.stop_reasons == {"done": 3} and summary.reward.mean == 1.0
