@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -88,8 +90,13 @@ async def _via_proxy(
         proxy.close_episode("ep--1")
         recorded = sum(ep.requests for ep in proxy.episodes.values())
         segments = sum(len(ep.segments) for ep in proxy.episodes.values())
-    assert sum(done) == recorded == len(engine.requests) == episodes * turns, "a request was lost"
-    assert segments == episodes, "an episode was split: the assembly was not token-exact"
+    if not sum(done) == recorded == len(engine.requests) == episodes * turns:
+        raise RuntimeError(
+            f"a request was lost: {episodes * turns} sent, {sum(done)} answered, {recorded} "
+            f"recorded, {len(engine.requests)} generated"
+        )
+    if segments != episodes:
+        raise RuntimeError(f"{segments} segments for {episodes} episodes: not token-exact")
     return elapsed, recorded, proxy.requests_failed
 
 
@@ -108,24 +115,40 @@ async def _direct(tokenizer: Any, episodes: int, turns: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Run:
+    """One way of serving the requests: seconds taken, requests recorded and refused
+    (``recorded``/``failed`` are 0 for the direct baseline, which has no proxy)."""
+
+    label: str
+    requests: int
+    elapsed_s: float
+    recorded: int = 0
+    failed: int = 0
+
+
+def main(argv: Sequence[str] | None = None) -> list[Run]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=256)
     parser.add_argument("--turns", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     n = args.episodes * args.turns
     print(f"{args.episodes} concurrent episodes x {args.turns} requests = {n} requests")
+    runs = []
     for label, raw in (("proxy, openai SDK", False), ("proxy, plain HTTP", True)):
         elapsed, recorded, failed = asyncio.run(
             _via_proxy(tokenizer, args.episodes, args.turns, raw)
         )
+        runs.append(Run(label, n, elapsed, recorded, failed))
         print(
             f"{label:18}: {elapsed:6.2f} s {n / elapsed:8.1f} req/s  recorded {recorded}, "
             f"failed {failed}"
         )
     direct = asyncio.run(_direct(tokenizer, args.episodes, args.turns))
+    runs.append(Run("direct", n, direct))
     print(f"{'direct':18}: {direct:6.2f} s {n / direct:8.1f} req/s  (engine + TokenBuilder)")
+    return runs
 
 
 if __name__ == "__main__":

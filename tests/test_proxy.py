@@ -15,7 +15,7 @@ from agentloop.engines.fake import FakeEngine
 from agentloop.proxy import AgentProxy, EpisodeLimits
 from agentloop.rollout import RolloutConfig
 from agentloop.testing.calc_agent import CALC_TOOLS
-from agentloop.types import Task, TrajectoryGroup
+from agentloop.types import Message, StopReason, Task, TrajectoryGroup
 
 AGENT_ENV = "agentloop/Agent-v0"
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(2 * 3 + 1)"}}\n</tool_call>'
@@ -52,19 +52,19 @@ async def _collect(
 
 
 def _check_engine_boundary(groups: list[TrajectoryGroup], engine: FakeEngine) -> None:
-    """Every engine call's prompt is a prefix of one segment and its sample follows it, mask 1;
-    every mask-1 token of every segment was sampled in exactly one call."""
+    """Every engine call is trained in exactly one segment: the segment starts with the call's
+    prompt and continues with its sample (mask 1, the engine's logprobs); no other segment
+    trains it, and every mask-1 token of every segment was sampled in exactly one call."""
     trajs = [t for g in groups for t in g.trajectories]
-    for req in engine.requests:
-        hits = [t for t in trajs if tuple(t.token_ids[: len(req.prompt_ids)]) == req.prompt_ids
-                and t.token_ids[len(req.prompt_ids):][: len(req.completion.token_ids)]
-                == req.completion.token_ids]  # fmt: skip
-        assert hits, "an engine call is not part of any trajectory"
-        t, k = hits[0], len(req.prompt_ids)
-        assert t.loss_mask[k : k + len(req.completion.token_ids)] == (1,) * len(
-            req.completion.token_ids
-        )
-        assert t.logprobs[k : k + len(req.completion.token_ids)] == req.completion.logprobs
+    for req in engine.requests:  # the episode's segments: session ids are "task#sample-..."
+        assert req.session_id is not None
+        episode = [t for t in trajs if req.session_id.startswith(f"{t.task_id}#{t.sample_index}-")]
+        k, n = len(req.prompt_ids), len(req.completion.token_ids)
+        hits = [t for t in episode if tuple(t.token_ids[:k]) == req.prompt_ids
+                and t.token_ids[k : k + n] == req.completion.token_ids
+                and t.loss_mask[k : k + n] == (1,) * n]  # fmt: skip
+        assert len(hits) == 1, f"an engine call is trained in {len(hits)} segments"
+        assert hits[0].logprobs[k : k + n] == req.completion.logprobs
     trained = sum(t.num_trained_tokens for t in trajs)
     assert trained == sum(len(r.completion.token_ids) for r in engine.requests)
 
@@ -101,6 +101,94 @@ async def test_a_history_rewrite_starts_a_segment_and_trains_each_token_once(
     assert second.prompt_len > first.prompt_len and not any(second.loss_mask[: second.prompt_len])
 
 
+async def test_an_edited_message_starts_a_segment_where_earlier_replies_are_context(
+    tokenizer: Any,
+) -> None:
+    """The agent edits its first user message but keeps its replies and the tool results: the
+    next request is a new segment whose prompt holds the first reply's sampled ids as context
+    (mask 0); each sampled token is trained in exactly one segment, none is lost."""
+    from agentloop.trainers.metrics import rollout_metrics
+
+    engine = _engine(tokenizer)
+    groups = await _collect(tokenizer, engine, "editing_calc_agent")
+    for g in groups:
+        assert [t.sample_index for t in g.trajectories] == [0, 0, 1, 1]
+        for first, second in zip(g.trajectories[::2], g.trajectories[1::2], strict=True):
+            assert first.metrics["segments"] == second.metrics["segments"] == 2.0
+            assert (first.metrics["segment_index"], second.metrics["segment_index"]) == (0, 1)
+            assert second.reward == 1.0 and not second.failed
+            [turn] = first.turns
+            sampled = first.token_ids[turn.start : turn.start + turn.completion_tokens]
+            assert first.loss_mask[turn.start :] == (1,) * len(sampled)
+            # the call the model sampled is context of the second segment, not trained again
+            at = _find(second.token_ids[: second.prompt_len], sampled)
+            assert at >= 0 and not any(second.loss_mask[: second.prompt_len])
+            assert "<tool_response>\n7\n" in tokenizer.decode(
+                list(second.token_ids[at + len(sampled) : second.prompt_len])
+            )
+    _check_engine_boundary(groups, engine)  # nothing lost, nothing trained twice
+    metrics = rollout_metrics(groups)
+    assert metrics["rollout/episodes"] == 4.0  # episodes, not their 8 segments
+    assert metrics["rollout/segments_mean"] == 2.0
+
+
+def _find(haystack: tuple[int, ...], needle: tuple[int, ...]) -> int:
+    n = len(needle)
+    return next((i for i in range(len(haystack) - n + 1) if haystack[i : i + n] == needle), -1)
+
+
+#: ChatML that drops ``<think>...</think>`` from assistant turns in the history, as reasoning
+#: models' templates do: not prefix-stable once a reply had a think block.
+THINK_STRIPPING = (
+    "{%- for m in messages -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m['role'] == 'assistant' -%}{{ m['content'].split('</think>')[-1].lstrip() }}"
+    "{%- else -%}{{ m['content'] }}{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+KEEPING = THINK_STRIPPING.replace(".split('</think>')[-1].lstrip()", "")
+
+
+@pytest.mark.parametrize(("template", "segments"), [(THINK_STRIPPING, 2), (KEEPING, 1)])
+async def test_a_template_that_strips_earlier_reasoning_starts_a_new_segment(
+    tokenizer: Any, template: str, segments: int
+) -> None:
+    """The agent sends its history back unchanged, but the template renders the earlier reply
+    without its think block: that is not what the model saw, so a new segment starts (with a
+    fresh render); with a template that keeps it the episode stays one segment."""
+    engine = FakeEngine(["<think>2 * 3 is 6</think>It is 6.", "<think>plus 1</think>Now 7."],
+                        tokenizer=tokenizer,
+                        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))  # fmt: skip
+    builder = TokenBuilder(tokenizer, chat_template=template)
+    async with AgentProxy(engine, builder) as proxy:
+        episode = proxy.open_episode(builder=builder)
+        client = proxy.client(episode)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 * 3?"}]
+        reply = await client.chat.completions.create(model="agentloop", messages=messages)
+        assert reply.choices[0].message.content == "<think>2 * 3 is 6</think>It is 6."
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "Add 1."}]  # fmt: skip
+        await client.chat.completions.create(model="agentloop", messages=messages)
+    trajs = episode.trajectories("t", reward=1.0, stop_reason=StopReason.DONE)
+    assert len(trajs) == segments == len(episode.segments)
+    last = trajs[-1]
+    second = engine.requests[1]
+    assert tuple(last.token_ids[: len(second.prompt_ids)]) == second.prompt_ids
+    # whatever the segmentation, the engine got what the template renders for the request
+    expected = builder.render([Message(**m) for m in _plain(messages)], add_generation_prompt=True)
+    assert tokenizer.decode(list(second.prompt_ids)) == expected
+    assert ("2 * 3 is 6" in expected) == (segments == 1)
+    assert sum(t.num_trained_tokens for t in trajs) == sum(
+        len(r.completion.token_ids) for r in engine.requests
+    )
+
+
+def _plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 async def test_streaming_and_completions_through_the_sdk(tokenizer: Any) -> None:
     engine = _engine(tokenizer)
     async with AgentProxy(engine, TokenBuilder(tokenizer), open_episodes=True) as proxy:
@@ -128,32 +216,142 @@ async def test_streaming_and_completions_through_the_sdk(tokenizer: Any) -> None
         await path_client.close()
 
 
+async def test_streamed_text_and_streamed_completions_through_the_sdk(tokenizer: Any) -> None:
+    """A text-only streamed chat answer and a streamed ``/v1/completions`` answer: the SDK
+    joins the chunks to the same text the non-streamed request gives, finish reason and usage
+    included."""
+    engine = FakeEngine(["Seven.", "Seven."], tokenizer=tokenizer,  # each episode's two calls
+                        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))  # fmt: skip
+    async with AgentProxy(engine, TokenBuilder(tokenizer), open_episodes=True) as proxy:
+        msgs = [{"role": "user", "content": "What is 2 * 3 + 1?"}]
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key="a", max_retries=0) as a:
+            whole = await a.chat.completions.create(model="agentloop", messages=msgs)
+            stream = await a.chat.completions.create(
+                model="agentloop", messages=msgs, stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            chunks = [c async for c in stream]
+        assert whole.choices[0].message.content == "Seven."
+        text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+        assert text == "Seven." and chunks[0].choices[0].delta.role == "assistant"
+        assert not any(ch.delta.tool_calls for c in chunks for ch in c.choices)
+        assert [ch.finish_reason for c in chunks for ch in c.choices][-1] == "stop"
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key="b", max_retries=0) as b:
+            plain = await b.completions.create(model="agentloop", prompt="2 * 3 + 1 =")
+            streamed = await b.completions.create(
+                model="agentloop", prompt="2 * 3 + 1 =", stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            parts = [c async for c in streamed]
+        assert plain.choices[0].text == "".join(ch.text for c in parts for ch in c.choices)
+        assert plain.choices[0].text == "Seven."
+        assert [ch.finish_reason for c in parts for ch in c.choices] == ["stop"]
+        assert parts[-1].usage is not None and parts[-1].usage.prompt_tokens > 0
+        # every request is recorded, streamed or not: two text segments of episode "b"
+        assert len(proxy.episodes["b"].segments) == 2 and proxy.requests_served == 4
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
+    ("kwargs", "error", "match", "code", "param"),
     [
-        ({"model": "gpt-4o"}, openai.NotFoundError, "model 'gpt-4o' does not exist"),
+        ({"model": "gpt-4o"}, openai.NotFoundError, "model 'gpt-4o' does not exist",
+         "model_not_found", "model"),
         ({"messages": [{"role": "robot", "content": "x"}]}, openai.BadRequestError,
-         r"messages\[0\].role"),
+         r"messages\[0\].role", None, "messages[0].role"),
         ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
           "tool_calls": [{"id": "c", "type": "function", "function": {"name": "python",
           "arguments": "{not json"}}]}, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
-         openai.BadRequestError, "cannot render this tool call"),
+         openai.BadRequestError, "cannot render this tool call", None,
+         "messages[1].tool_calls[0].function.arguments"),
         ({"messages": [{"role": "user", "content": "word " * 400}]}, openai.BadRequestError,
-         "more than this episode's limit of 64"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, openai.BadRequestError, "tool_call_id"),
+         "more than this episode's limit of 64", "context_length_exceeded", "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, openai.BadRequestError, "tool_call_id",
+         None, "messages[0].tool_call_id"),
     ],
 )  # fmt: skip
 async def test_bad_requests_get_openai_errors_naming_the_problem(
-    tokenizer: Any, kwargs: dict[str, Any], error: type[Exception], match: str
+    tokenizer: Any,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+    code: str | None,
+    param: str,
 ) -> None:
+    """OpenAI's error shape, as the SDK reads it: ``{"error": {message, type, param, code}}``."""
     limits = EpisodeLimits(max_turns=4, max_prompt_len=64, max_response_len=64)
     async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), open_episodes=True,
                           limits=limits) as proxy:  # fmt: skip
         client = openai.AsyncOpenAI(base_url=proxy.url, api_key="ep", max_retries=0)
         request = {"model": "agentloop", "messages": [{"role": "user", "content": "hi"}], **kwargs}
-        with pytest.raises(error, match=match):
+        with pytest.raises(error, match=match) as caught:
             await client.chat.completions.create(**request)
         await client.close()
+    _assert_openai_error(caught.value, "invalid_request_error", code, param)
+
+
+def _assert_openai_error(exc: Any, kind: str, code: str | None, param: str | None) -> None:
+    assert isinstance(exc, openai.APIStatusError)
+    assert set(exc.body) == {"message", "type", "param", "code"}, exc.body
+    assert (exc.type, exc.code, exc.param) == (kind, code, param)
+    assert exc.body["message"] and exc.body["type"] == kind and exc.body["code"] == code
+
+
+async def test_a_request_without_an_episode_id_is_a_401(tokenizer: Any) -> None:
+    async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), open_episodes=True) as p:
+        # the SDK needs a key; a non-Bearer Authorization header carries no episode id
+        client = openai.AsyncOpenAI(base_url=p.url, api_key="x", max_retries=0,
+                                    default_headers={"Authorization": "Basic eA=="})  # fmt: skip
+        with pytest.raises(openai.AuthenticationError, match="no episode id") as caught:
+            await client.chat.completions.create(
+                model="agentloop", messages=[{"role": "user", "content": "x"}]
+            )
+        await client.close()
+        assert not p.episodes
+    _assert_openai_error(caught.value, "authentication_error", None, None)
+
+
+async def test_a_context_that_leaves_nothing_to_generate_is_context_length_exceeded(
+    tokenizer: Any,
+) -> None:
+    """The reply used the episode's response budget: the next request gets a 400 naming it,
+    and the episode records MAX_TOKENS."""
+    limits = EpisodeLimits(max_turns=4, max_prompt_len=256, max_response_len=8)
+    async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), limits=limits) as proxy:
+        episode = proxy.open_episode()
+        client = proxy.client(episode)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 * 3 + 1?"}]
+        reply = await client.chat.completions.create(model="agentloop", messages=messages)
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+        assert reply.choices[0].finish_reason == "length"
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "go on"}]  # fmt: skip
+        with pytest.raises(openai.BadRequestError, match="none are left to generate") as caught:
+            await client.chat.completions.create(model="agentloop", messages=messages)
+    _assert_openai_error(caught.value, "invalid_request_error", "context_length_exceeded",
+                         "messages")  # fmt: skip
+    assert episode.limit_hit is StopReason.MAX_TOKENS
+    [traj] = episode.trajectories("t", reward=0.0, stop_reason=StopReason.MAX_TOKENS)
+    assert traj.num_trained_tokens == 8
+
+
+async def test_an_agent_written_tool_call_in_another_format_is_refused(tokenizer: Any) -> None:
+    """The proxy writes an agent's own assistant tool call only in the Hermes markup; for a
+    model with another format it refuses rather than train on a made-up rendering."""
+    async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), open_episodes=True,
+                          parser="mistral") as proxy:  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=proxy.url, api_key="ep", max_retries=0)
+        call = {"id": "mine", "type": "function",
+                "function": {"name": "python", "arguments": '{"code": "print(1)"}'}}  # fmt: skip
+        messages = [{"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "mine", "content": "1"}]  # fmt: skip
+        with pytest.raises(openai.BadRequestError, match="only for the hermes format") as caught:
+            await client.chat.completions.create(
+                model="agentloop", messages=messages, tools=CALC_TOOLS
+            )
+        await client.close()
+    _assert_openai_error(caught.value, "invalid_request_error", None, "messages[1].tool_calls")
 
 
 async def test_unknown_episodes_and_the_turn_limit_are_refused(tokenizer: Any) -> None:

@@ -1,5 +1,8 @@
 """The proxy through the commands users run: `agentloop eval` on an openai-SDK agent
-(AgentEnv) and `agentloop serve-proxy` for agents that run elsewhere."""
+(AgentEnv), its trajectories checked token-exact against the model, and `agentloop serve-proxy`
+for agents that run elsewhere. (`eval` on vLLM starts an engine of its own, which the test
+session's shared engine cannot stand in for: the vLLM check, at vLLM's own boundary, is
+tests/engines/test_vllm_agent.py through the same eval code.)"""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from agentloop.chat import TokenBuilder
 from agentloop.cli import main
 from agentloop.io import read_jsonl, trajectory_from_dict
+from agentloop.testing.calc_agent import CALC_TOOLS
+from agentloop.types import Trajectory
 
 AGENT = "agent=agentloop.testing.calc_agent:calc_agent"
 
@@ -30,12 +36,42 @@ def test_eval_cli_plays_an_sdk_agent(calc_caller_dir: Path, tmp_path: Path) -> N
     trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]
     assert len(trajs) == 4 and not any(t.failed for t in trajs), [t.error for t in trajs]
     assert any(t.turns[0].tool_calls for t in trajs)  # the tool caller called, the agent ran it
-    for t in trajs:
-        assert t.metrics["segments"] == 1.0
-        for a, b in zip(t.turns, t.turns[1:], strict=False):  # tool results between turns: mask 0
-            assert set(t.loss_mask[a.start + a.completion_tokens : b.start]) == {0}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 4
+    _assert_token_exact(trajs, calc_caller_dir)
+
+
+def _assert_token_exact(trajs: list[Trajectory], model_dir: Path) -> None:
+    """The written trajectories are what the HF engine was given and sampled: the ids render
+    the conversation through the chat template, the model's logprobs recomputed on the stored
+    ids (one forward pass, temperature 1 as sampled) are the stored ones at every sampled
+    token, and every token between two turns (the agent's tool results) is mask 0, logprob 0."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    builder = TokenBuilder(tokenizer, tools=CALC_TOOLS)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for t in trajs:
+        assert t.metrics["segments"] == 1.0
+        builder.check_text(t.token_ids, t.messages)  # raises on any difference
+        sampled = [i for i, m in enumerate(t.loss_mask) if m]
+        assert len(sampled) == sum(turn.completion_tokens for turn in t.turns)
+        for turn in t.turns:  # each turn's sample is one run of mask 1 from its start
+            assert (
+                t.loss_mask[turn.start : turn.start + turn.completion_tokens]
+                == (1,) * turn.completion_tokens
+            )
+        for a, b in zip(t.turns, t.turns[1:], strict=False):  # tool results between turns
+            gap = slice(a.start + a.completion_tokens, b.start)
+            assert set(t.loss_mask[gap]) == {0} and set(t.logprobs[gap]) == {0.0}
+            assert "<tool_response>" in tokenizer.decode(list(t.token_ids[gap]))
+        with torch.no_grad():
+            logits = model(torch.tensor([t.token_ids])).logits[0].float()
+        ids = torch.tensor(t.token_ids)
+        lp = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[1:, None])[:, 0].tolist()
+        worst = max(abs(lp[i - 1] - t.logprobs[i]) for i in sampled)
+        assert worst < 1e-4, f"{t.task_id}: stored logprobs differ from the model's by {worst}"
 
 
 @pytest.mark.slow  # a fresh process importing torch and transformers

@@ -67,7 +67,8 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     errors = [t.metrics.get("tool_errors", 0.0) for t in trajs]
     mean_r = _mean(rewards)
     out = {
-        "rollout/episodes": float(len(trajs)),
+        # a proxied agent's episode may be several segments (rows): count its first only
+        "rollout/episodes": float(sum(not t.metrics.get("segment_index") for t in trajs)),
         "rollout/groups": float(len(groups)),
         "rollout/reward_mean": mean_r,
         "rollout/reward_std": math.sqrt(_mean([(r - mean_r) ** 2 for r in rewards])),

@@ -2,11 +2,13 @@
 
 Each request's conversation is compared, message by message, with what the episode's current
 segment already holds (its messages, the last reply as the model wrote it). A request that only
-appends messages after the last reply extends the segment token-exactly, as the rollout loop
-does: the sampled ids stay as sampled and the new messages are appended as the template's
-token-level suffix (``loss_mask`` 0). Any other request (edited or dropped messages, other
-tools, a first request) starts a new segment from a fresh render; nothing is ever re-tokenized
-into an existing segment. Every segment becomes one :class:`~agentloop.types.Trajectory`.
+appends messages after the last reply, and whose full rendering by the chat template is exactly
+the segment's text followed by the new messages' suffix, extends the segment token-exactly, as
+the rollout loop does: the sampled ids stay as sampled and the new messages are appended as the
+template's token-level suffix (``loss_mask`` 0). Any other request (edited or dropped messages,
+other tools, a template that renders earlier turns differently, a first request) starts a new
+segment from a fresh render; nothing is ever re-tokenized into an existing segment. Every
+segment becomes one :class:`~agentloop.types.Trajectory`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ BuilderFor = Callable[[Sequence[Mapping[str, Any]]], TokenBuilder]
 @dataclass(frozen=True)
 class EpisodeLimits:
     """Ceilings of one episode: model requests (``max_turns``), the first prompt's tokens, and
-    tokens after it (``max_response_len``); every segment's context is at most
-    ``max_prompt_len + max_response_len`` tokens."""
+    tokens after it (``max_response_len``: a segment's tokens after its prompt plus what earlier
+    segments sampled); every segment's context is at most ``max_prompt_len + max_response_len``
+    tokens."""
 
     max_turns: int = 8
     max_prompt_len: int = 1024
@@ -76,6 +79,7 @@ class _Segment:
     versions: list[int] | None = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     last_sampled: tuple[int, ...] | None = None
+    sampled: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -97,6 +101,7 @@ class _Segment:
         if self.versions is not None:
             self.versions = self.versions + list(c.versions) if c.versions else None
         self.last_sampled = c.token_ids
+        self.sampled += len(c.token_ids)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,7 @@ class Episode:
         self.lock = asyncio.Lock()  # one request at a time: the assembly is sequential
         self.segments: list[_Segment] = []
         self.requests = 0
+        self.sampled = 0  # tokens sampled in all segments
         self.limit_hit: StopReason | None = None
         self._raw: dict[AssistantKey, str] = {}  # wire form of a reply -> what the model wrote
 
@@ -194,10 +200,10 @@ class Episode:
         tools_key = json.dumps(list(tools), sort_keys=True)
         builder = self.builder_for(list(tools))
         seg = self.segments[-1] if self.segments else None
-        if seg is not None and _extends(seg, resolved, tools_key):
-            new = resolved[len(seg.messages) :]
-            assert seg.last_sampled is not None
-            extra = tuple(_observation_ids(builder, new, seg.last_sampled))
+        extended = self._extension(seg, resolved, tools_key, builder)
+        if extended is not None:
+            assert seg is not None
+            new, extra = resolved[len(seg.messages) :], extended
             prompt = seg.token_ids + list(extra)
             prepared_seg, is_new = seg, False
         else:
@@ -209,6 +215,30 @@ class Episode:
         return self._prepared(
             prepared_seg, is_new, extra, new, prompt, builder, max_tokens, temperature, top_p
         )
+
+    def _extension(
+        self,
+        seg: _Segment | None,
+        messages: Sequence[Message],
+        tools_key: str,
+        builder: TokenBuilder,
+    ) -> tuple[int, ...] | None:
+        """The observation ids that extend ``seg`` to ``messages``, or None for a new segment.
+
+        Two checks: the messages are the segment's conversation plus new non-assistant ones,
+        and the template's full rendering of ``messages`` is, as text, exactly the segment's
+        ids (prompt and sampled replies, untouched) followed by those observation ids. The
+        second catches templates that render earlier turns differently once the conversation
+        goes on (one that strips ``<think>`` blocks from earlier replies): their request is not
+        what the model saw, so it gets a fresh render in a new segment. Text, not ids, is
+        compared: a sample the tokenizer would spell with other ids is still the same context.
+        """
+        if seg is None or not _extends(seg, messages, tools_key):
+            return None
+        assert seg.last_sampled is not None
+        new = messages[len(seg.messages) :]
+        extra = tuple(_observation_ids(builder, new, seg.last_sampled))
+        return extra if _renders_as(builder, [*seg.token_ids, *extra], messages) else None
 
     def prepare_text(
         self,
@@ -260,12 +290,16 @@ class Episode:
         temperature: float | None,
         top_p: float | None,
     ) -> Prepared:
-        left = self.limits.max_context - len(prompt)
+        # tokens after the first prompt, as in the rollout loop: the segment's own, plus what
+        # earlier segments sampled (a history rewrite does not renew the budget)
+        used = len(prompt) - seg.prompt_len + self.sampled - (0 if is_new else seg.sampled)
+        left = min(self.limits.max_context - len(prompt), self.limits.max_response_len - used)
         if left < 1:
             self.limit_hit = StopReason.MAX_TOKENS
             raise ProxyRequestError(
-                f"the context has {len(prompt)} tokens and leaves none to generate (episode "
-                f"limit {self.limits.max_context} = max_prompt_len + max_response_len)",
+                f"the context has {len(prompt)} tokens and the episode used {used} of its "
+                f"{self.limits.max_response_len} response tokens (max_response_len; context "
+                f"limit {self.limits.max_context}): none are left to generate",
                 param="messages",
                 code="context_length_exceeded",
             )
@@ -305,6 +339,7 @@ class Episode:
                 seg.turns[-1] = _with_obs(last, len(p.extra_ids))
         start = len(seg.token_ids)
         seg.append_sample(completion)
+        self.sampled += len(completion.token_ids)
         text = p.builder.decode(completion.token_ids)
         calls, content = self._parse(text)
         seg.turns.append(
@@ -418,6 +453,20 @@ def _same(a: Message, b: Message) -> bool:
         b.tool_call_id,
         b.name,
     )
+
+
+def _renders_as(builder: TokenBuilder, ids: Sequence[int], messages: Sequence[Message]) -> bool:
+    """Whether ``ids`` spell exactly the template's rendering of ``messages`` (plus the
+    generation prompt). A template that fails to render is a no here: the fresh render of the
+    new segment then names the error."""
+    try:
+        expected = builder.render(messages, add_generation_prompt=True)
+    except TemplateError:
+        return False
+    got = builder.tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    return bool(got == expected)
 
 
 def _render(builder: TokenBuilder, messages: Sequence[Message]) -> list[int]:

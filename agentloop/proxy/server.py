@@ -1,11 +1,13 @@
 """AgentProxy: an OpenAI-compatible aiohttp server in front of an agentloop engine.
 
 Agents talk to it with any OpenAI client (``/v1/chat/completions`` with tools and streaming,
-``/v1/completions``, ``/v1/models``). The episode a request belongs to is the client's API key
-(``Authorization: Bearer <episode id>``) or a base-URL path ``/episodes/<episode id>/v1``, so an
-unmodified ``openai.AsyncOpenAI(base_url=..., api_key=episode_id)`` works. Every request is
-rendered with the chat template, generated token-in/token-out, and recorded per episode
-(:class:`~agentloop.proxy.episode.Episode`).
+``/v1/completions``, ``/v1/models``). A streamed answer is sent once the whole completion is
+generated (the engine protocol is token-in/token-out), in OpenAI's chunk format: clients that
+stream work unchanged, but see the first chunk only at the end of generation. The episode a
+request belongs to is the client's API key (``Authorization: Bearer <episode id>``) or a base-URL
+path ``/episodes/<episode id>/v1``, so an unmodified ``openai.AsyncOpenAI(base_url=...,
+api_key=episode_id)`` works. Every request is rendered with the chat template, generated
+token-in/token-out, and recorded per episode (:class:`~agentloop.proxy.episode.Episode`).
 """
 
 from __future__ import annotations
@@ -345,7 +347,9 @@ def _usage(p: Prepared, reply: Reply) -> tuple[int, int]:
 
 
 async def _sse(request: web.Request, chunks: Sequence[dict[str, Any]]) -> web.StreamResponse:
-    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``. The chunks are
+    of a finished completion (the tool calls are parsed from the whole text), not
+    token-by-token increments."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

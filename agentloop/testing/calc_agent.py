@@ -4,6 +4,8 @@
 calls itself (a small arithmetic-only evaluator stands in for Python) and returns the final
 text. ``rewriting_calc_agent`` does the same but rewrites its history after each tool call (it
 replaces the call and its result by a user note), so its episodes have several segments.
+``editing_calc_agent`` keeps every reply and tool result but edits its first user message after
+each tool call: the model's earlier replies come back as context of a new segment.
 Play them with ``agentloop eval --env agentloop/Agent-v0 --env-arg
 agent=agentloop.testing.calc_agent:calc_agent``.
 """
@@ -19,7 +21,14 @@ from typing import Any
 from agentloop.envs.calc import SYSTEM_PROMPT, TOOL_NAME
 from agentloop.types import Task
 
-__all__ = ["CALC_TOOLS", "MAX_TURNS", "calc_agent", "rewriting_calc_agent", "run_python"]
+__all__ = [
+    "CALC_TOOLS",
+    "MAX_TURNS",
+    "calc_agent",
+    "editing_calc_agent",
+    "rewriting_calc_agent",
+    "run_python",
+]
 
 MAX_TURNS = 4
 #: Calc-v0's tool, as an agent declares it to the API.
@@ -119,4 +128,29 @@ async def rewriting_calc_agent(task: Task, client: Any) -> str:
             return str(message.content or "")
         outputs = [_tool_output(call) for call in message.tool_calls]
         messages.append({"role": "user", "content": "The tool printed: " + " ".join(outputs)})
+    return ""
+
+
+async def editing_calc_agent(task: Task, client: Any) -> str:
+    """Like :func:`calc_agent`, keeping its replies and the tool results, but after each tool
+    call it edits the first user message (a note on the attempt): every later request rewrites
+    an earlier message, so it starts a new segment in which the earlier replies are context."""
+    prompt = str(task.data["prompt"])
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": prompt},
+    ]
+    for attempt in range(MAX_TURNS):
+        response = await client.chat.completions.create(
+            model="agentloop", messages=messages, tools=CALC_TOOLS
+        )
+        message = response.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return str(message.content or "")
+        for call in message.tool_calls:
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": _tool_output(call)}
+            )
+        messages[1] = {"role": "user", "content": f"{prompt} (attempt {attempt + 2})"}
     return ""
