@@ -266,16 +266,17 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
 
     factory = env_factory(config.env, config.env_kwargs, config.tools, config.tool_io)
     env = factory()
-    if config.tool_io.uses_live_tools:  # a replay needs no tool service
-        await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors
     builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)
     tasks = list(env.tasks(config.split, config.num_tasks))
-    # on a thread: it hashes the model's files (seconds for a large model), and the loop may
-    # already serve others (a shared engine, an agent proxy)
+    # The output dir is checked before any service starts (a refused --out starts no sandbox).
+    # On a thread: it hashes the model's files (seconds for a large model), and the loop may
+    # already serve others (a shared engine, an agent proxy).
     done = await asyncio.to_thread(_prepare_out, config, parts, chash)
+    if config.tool_io.uses_live_tools:  # a replay needs no tool service
+        await env.preflight()  # a wrong sandbox URL or token fails here, named, not as tool errors
     wanted = {(t.id, i) for t in tasks for i in range(config.n)}
     pending = len(wanted - done)
     log.info("%d episodes to play, %d already done", pending, len(wanted & done))
