@@ -93,11 +93,18 @@ def _tool_output(call: Any) -> str:
 async def calc_agent(task: Task, client: Any) -> str:
     """Ask, run the tool calls, send their results back; the first reply without calls is the
     answer. ``client`` is an ``openai.AsyncOpenAI``."""
+    return await _tool_loop(task, client, edit_prompt=False)
+
+
+async def _tool_loop(task: Task, client: Any, *, edit_prompt: bool) -> str:
+    """:func:`calc_agent`'s loop; ``edit_prompt``: after each round of tool calls, rewrite the
+    first user message (a note on the attempt)."""
+    prompt = str(task.data["prompt"])
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": str(task.data["prompt"])},
+        {"role": "user", "content": prompt},
     ]
-    for _ in range(MAX_TURNS):
+    for attempt in range(MAX_TURNS):
         response = await client.chat.completions.create(
             model="agentloop", messages=messages, tools=CALC_TOOLS
         )
@@ -109,6 +116,8 @@ async def calc_agent(task: Task, client: Any) -> str:
             messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": _tool_output(call)}
             )
+        if edit_prompt:
+            messages[1] = {"role": "user", "content": f"{prompt} (attempt {attempt + 2})"}
     return ""
 
 
@@ -135,22 +144,4 @@ async def editing_calc_agent(task: Task, client: Any) -> str:
     """Like :func:`calc_agent`, keeping its replies and the tool results, but after each tool
     call it edits the first user message (a note on the attempt): every later request rewrites
     an earlier message, so it starts a new segment in which the earlier replies are context."""
-    prompt = str(task.data["prompt"])
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": prompt},
-    ]
-    for attempt in range(MAX_TURNS):
-        response = await client.chat.completions.create(
-            model="agentloop", messages=messages, tools=CALC_TOOLS
-        )
-        message = response.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return str(message.content or "")
-        for call in message.tool_calls:
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": _tool_output(call)}
-            )
-        messages[1] = {"role": "user", "content": f"{prompt} (attempt {attempt + 2})"}
-    return ""
+    return await _tool_loop(task, client, edit_prompt=True)
