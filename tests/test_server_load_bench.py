@@ -5,27 +5,15 @@ normal request succeeds with the server's memory and log bounded."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "server_load.py"
 SMALL = ["--slow", "30", "--requests", "20", "--concurrency", "4", "--max-s", "30"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("server_load", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 # serve-proxy is a fresh process importing torch and transformers (10-20 s on a busy 2-core
@@ -41,7 +29,7 @@ def test_server_load_bench_at_small_scale(
         pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
     monkeypatch.setenv("SERVER_LOAD_DIR", str(tmp_path))  # the servers' logs stay for a failure
     # a 1 s header timeout cuts the slow connections within the phase (the default is 15 s)
-    [r] = _bench().main([*SMALL, "--servers", server, "--header-timeout-s", "1"])
+    [r] = load_bench("server_load").main([*SMALL, "--servers", server, "--header-timeout-s", "1"])
     assert r.name == server
     for phase in (r.baseline, r.loaded):
         assert phase.ok == phase.total == 20, (r, (tmp_path / f"{server}.log").read_text())
