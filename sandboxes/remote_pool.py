@@ -149,7 +149,10 @@ class RemotePool:
             for server in self._servers:
                 await server.client.start()
             try:
-                await asyncio.gather(*(self._check(s) for s in self._servers))
+                results = await asyncio.gather(
+                    *(self._check(s) for s in self._servers), return_exceptions=True
+                )
+                _raise_in_url_order(results)
             except BaseException:
                 await self.close()
                 raise
@@ -376,3 +379,14 @@ def _resolve_token(token: str | None, token_env: str | None) -> tuple[str | None
 def pool_stats() -> list[PoolStats]:
     """The stats of the remote pools shared on the running event loop (``shared_sandbox``)."""
     return [s.stats() for s in shared_sandboxes() if isinstance(s, RemotePool)]
+
+
+def _raise_in_url_order(results: list[BaseException | None]) -> None:
+    """Every server that failed the start-up check, named in the order of ``urls`` (the checks
+    run concurrently, so the first to fail is a race); anything but a ConfigError as it is."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for error in errors:
+        if not isinstance(error, ConfigError):
+            raise error
+    if errors:
+        raise ConfigError("; ".join(str(e) for e in errors))
