@@ -82,9 +82,9 @@ class WeightSyncExtension:
         have produced exactly the same parameters; if so, later updates of those names are just
         those copies — one device-to-device copy per tensor, no per-layer reload machinery."""
         t0 = time.perf_counter()
-        (rebuild, args), layout = pickle.loads(payload)
+        (rebuild, args), layout, device_uuid = pickle.loads(payload)
         args = list(args)
-        args[6] = torch.cuda.current_device()  # the storage's device, as this process numbers it
+        args[6] = _device_index(device_uuid)  # the storage's GPU, as this process numbers it
         buffer = rebuild(*args)
         views = [
             (name, buffer[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape))
@@ -123,6 +123,16 @@ class WeightSyncExtension:
         checkpoint names where vLLM fuses layers (``qkv_proj``)."""
         params = dict(self.model_runner.get_model().named_parameters())
         return {n: float(params[n].detach().double().abs().sum()) for n in names if n in params}
+
+
+def _device_index(uuid: str) -> int:
+    """This process's index of the GPU with ``uuid``: the sender numbers GPUs by its own
+    ``CUDA_VISIBLE_DEVICES``, and a tensor-parallel worker sits on another GPU than the buffer.
+    A process that does not see that GPU by UUID (a container hiding them) reads its own."""
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    return torch.cuda.current_device()
 
 
 def direct_copy_targets(
@@ -255,7 +265,8 @@ class CudaIpcBuffer:
         torch.cuda.synchronize(self.buffer.device)
         self.num_tensors = len(layout)
         self.num_bytes = sum(entry[4] for entry in layout)
-        self.payload = pickle.dumps((reduce_tensor(self.buffer), layout))
+        uuid = str(torch.cuda.get_device_properties(self.buffer.device).uuid)
+        self.payload = pickle.dumps((reduce_tensor(self.buffer), layout, uuid))
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], directory: str) -> str:

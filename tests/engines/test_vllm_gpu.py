@@ -40,6 +40,13 @@ async def _gap(engine: Any, worker: Any, prompt: list[int]) -> float:
     return float((mine - torch.tensor(out.logprobs)).abs().max())
 
 
+def _perturb(worker: Any) -> None:
+    with torch.no_grad():
+        for p in worker.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 leaves some plain
+            local.add_(torch.randn_like(local) * 0.05)
+
+
 async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload(
     tiny_model_dir: Path,
 ) -> None:
@@ -50,10 +57,7 @@ async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload
     names = ["model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"]
 
     def perturb() -> None:
-        with torch.no_grad():
-            for p in worker.model.parameters():
-                local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 leaves some plain
-                local.add_(torch.randn_like(local) * 0.05)
+        _perturb(worker)
 
     async def sync(transport: str) -> Any:
         return await engine.update_weights(worker.state_dict_for_inference(), transport=transport)
@@ -73,6 +77,28 @@ async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload
         sums_direct = await engine.weight_sums(names)
         await sync("file")  # the same weights through load_weights
         assert await engine.weight_sums(names) == sums_direct
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+async def test_a_tensor_parallel_engine_takes_the_trainers_weights(tiny_model_dir: Path) -> None:
+    """vLLM with ``tensor_parallel_size=2`` next to a trainer on GPU 0: each transport reaches
+    both shards (the CUDA IPC buffer lives on GPU 0; the second worker opens it by UUID)."""
+    from agentloop.engines.vllm import VLLMEngine
+    from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+    worker = PolicyWorker(tiny_model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
+    prompt = list(range(20, 52))
+    engine = VLLMEngine.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
+                               gpu_memory_utilization=0.2, tensor_parallel_size=2)  # fmt: skip
+    async with engine:
+        for transport in ("cuda_ipc", "cuda_ipc", "file", "bytes"):
+            _perturb(worker)
+            assert await _gap(engine, worker, prompt) > 0.5  # still the old weights
+            stats = await engine.update_weights(
+                worker.state_dict_for_inference(), transport=transport
+            )
+            assert not stats.direct  # sharded parameters: always the model's load_weights
+            assert await _gap(engine, worker, prompt) < 0.1, transport
 
 
 class _Chat(Env):
