@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["VARLEN", "register", "resolve_attn_implementation", "varlen_available"]
+from agentloop.errors import ConfigError
+
+__all__ = [
+    "VARLEN",
+    "VARLEN_DTYPES",
+    "register",
+    "resolve_attn_implementation",
+    "varlen_available",
+]
 
 VARLEN = "varlen"
 
@@ -29,12 +37,22 @@ def varlen_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_attn_implementation(name: str, device: torch.device) -> str:
-    """``auto`` → ``varlen`` on CUDA when available, else ``sdpa``; other names unchanged
-    (``varlen`` is registered with transformers on the way)."""
+#: The compute dtypes the varlen (FlashAttention) kernel takes.
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def resolve_attn_implementation(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` → ``varlen`` on CUDA when available and ``dtype`` is one it takes, else
+    ``sdpa``; other names unchanged (``varlen`` is registered with transformers on the way)."""
     if name == "auto":
-        name = VARLEN if device.type == "cuda" and varlen_available() else "sdpa"
+        fits = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
+        name = VARLEN if fits else "sdpa"
     if name == VARLEN:
+        if dtype not in VARLEN_DTYPES:
+            raise ConfigError(
+                f"attn_implementation='varlen' runs FlashAttention, which takes bfloat16 or "
+                f"float16, not {dtype}; use dtype=bfloat16 or attn_implementation=sdpa"
+            )
         register()
     return name
 

@@ -205,7 +205,8 @@ def _load(
 ) -> PreTrainedModel:
     """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init). A model
     instance keeps its attention implementation unless ``auto`` resolves to ``varlen``."""
-    attn = resolve_attn_implementation(cfg.attn_implementation, device)
+    compute = _DTYPES[cfg.dtype] if device.type == "cuda" else torch.float32
+    attn = resolve_attn_implementation(cfg.attn_implementation, device, compute)
     kw: dict[str, Any] = dict(attn_implementation=attn, dtype=torch.float32)
     if isinstance(model, PreTrainedModel):
         if attn == VARLEN:

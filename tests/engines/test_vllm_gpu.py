@@ -40,10 +40,17 @@ async def _gap(engine: Any, worker: Any, prompt: list[int]) -> float:
     return float((mine - torch.tensor(out.logprobs)).abs().max())
 
 
-def _perturb(worker: Any) -> None:
+def _locals(worker: Any) -> list[torch.Tensor]:
+    """The worker's parameters as local tensors (FSDP2 leaves some plain)."""
+    return [p.to_local() if hasattr(p, "to_local") else p for p in worker.model.parameters()]
+
+
+def _perturb(worker: Any, base: list[torch.Tensor] | None = None) -> None:
+    """Add noise to the weights (to ``base`` instead, when given: the same scale every time)."""
     with torch.no_grad():
-        for p in worker.model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 leaves some plain
+        for i, local in enumerate(_locals(worker)):
+            if base is not None:
+                local.copy_(base[i])
             local.add_(torch.randn_like(local) * 0.05)
 
 
@@ -88,11 +95,12 @@ async def test_a_tensor_parallel_engine_takes_the_trainers_weights(tiny_model_di
 
     worker = PolicyWorker(tiny_model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
     prompt = list(range(20, 52))
+    base = [t.detach().clone() for t in _locals(worker)]
     engine = VLLMEngine.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
                                gpu_memory_utilization=0.2, tensor_parallel_size=2)  # fmt: skip
     async with engine:
         for transport in ("cuda_ipc", "cuda_ipc", "file", "bytes"):
-            _perturb(worker)
+            _perturb(worker, base)
             assert await _gap(engine, worker, prompt) > 0.5  # still the old weights
             stats = await engine.update_weights(
                 worker.state_dict_for_inference(), transport=transport

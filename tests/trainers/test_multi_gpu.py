@@ -1,10 +1,12 @@
 """GRPO on several GPUs (marker ``gpu``; skipped with fewer than 2): ``placement: ray`` with one
-colocated FSDP2 worker and one vLLM replica per GPU behind the session-sticky router.
+colocated FSDP2 worker and one vLLM replica per GPU behind the session-sticky router, and the
+disaggregated mode (a trainer GPU, a rollout GPU, weights pushed over NCCL in buckets).
 
 Checked by numbers: after every step each replica scores like the trainer's new weights (and
 unlike the initial ones); sleeping the engines frees their GPU memory and waking them restores
-it; and the last step, replayed on one GPU from the multi-GPU checkpoint, gives the same loss and
-grad-norm to bf16 tolerance. Run on the GPU machine with ``bench/gpu/multi_gpu.sh``.
+it; the last step, replayed on one GPU from the multi-GPU checkpoint, gives the same loss and
+grad-norm to bf16 tolerance; the rollout GPU serves the trainer's final weights. Run on the GPU
+machine with ``bench/gpu/multi_gpu.sh``.
 """
 
 from __future__ import annotations
@@ -137,3 +139,32 @@ def test_the_last_step_replayed_on_one_gpu_gives_the_same_loss_and_grad_norm(
     print(f"\n{torch.cuda.device_count()} GPUs: {many}\n1 GPU: {one}")
     for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/tokens"):
         assert one[key] == pytest.approx(many[key], rel=2e-2, abs=1e-4), key
+
+
+def test_disaggregated_rollouts_on_their_own_gpu_get_the_weights_over_nccl(
+    local_ray: None, train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "disagg"
+    overrides = [
+        *gpu_overrides(tiny_model_dir, out), "trainer.placement=ray", "trainer.num_workers=1",
+        "trainer.rollout_workers=1", "trainer.mode=async", "trainer.max_staleness=1",
+        "trainer.val_every=0",
+    ]  # fmt: skip
+    seen: dict[str, Any] = {}
+
+    async def on_step(info: StepInfo) -> None:
+        pool = info.group.pool
+        assert pool is not None and info.group.engine is pool
+        if info.step == STEPS:  # the rollout GPU serves the trainer's final weights
+            rows = await engine_vs_trainer(pool, info.group, probe_prompts())
+            seen["diff"] = max(float((e - t).abs().max()) for _, _, e, t in rows)
+
+    train_run(overrides, on_step=on_step)
+    metrics = read_metrics(out)
+    print(f"\ndisaggregated: {seen}; last step {metrics[STEPS]}")
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    assert seen["diff"] < BF16_SCORE, seen
+    for step, m in metrics.items():
+        assert m["rollout/failed_frac"] == 0 and m["actor/grad_norm"] > 0, step
+        assert m["sync/bytes"] > 0 and m["sync/push_s"] > 0, step
+        assert m["async/staleness_max"] <= 1, step

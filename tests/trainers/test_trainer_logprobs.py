@@ -232,7 +232,9 @@ def test_varlen_attention_equals_per_sequence_sdpa_on_cuda(
     logprobs and gradients as unpacked SDPA, sequence by sequence (bf16 tolerance)."""
     from agentloop.trainers.varlen import resolve_attn_implementation
 
-    assert resolve_attn_implementation("auto", torch.device("cuda")) == "varlen"
+    cuda = torch.device("cuda")
+    assert resolve_attn_implementation("auto", cuda, torch.bfloat16) == "varlen"
+    assert resolve_attn_implementation("auto", cuda, torch.float32) == "sdpa"  # FA takes no fp32
     varlen = tiny_model("varlen").to("cuda", torch.bfloat16)
     sdpa = tiny_model("sdpa").to("cuda", torch.bfloat16)
     seqs = _seqs()
