@@ -334,6 +334,8 @@ class PolicyWorker:
             lp = token_logprobs(
                 self.model, mb.to(self.device), temperature=self.config.temperature
             ).logprobs
+            if not mb.seq_index:  # padding: its forward only keeps this rank in step
+                continue
             for i, x in zip(mb.seq_index, mb.unpack(lp.float().cpu()), strict=True):
                 out[i] = x
         return [x for x in out if x is not None]

@@ -90,7 +90,8 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "device": torch.cuda.get_device_name(), "gpus": gpus, "model_size": args.model_size,
         "peak_tflops": peak, "step_flops": flops, "batch_tokens": sum(lengths),
-        "num_seqs": len(lengths), "args": vars(args), "rows": rows,
+        "num_seqs": len(lengths), "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
     }  # fmt: skip
 
 

@@ -148,6 +148,7 @@ def test_disaggregated_rollouts_on_their_own_gpu_get_the_weights_over_nccl(
     overrides = [
         *gpu_overrides(tiny_model_dir, out), "trainer.placement=ray", "trainer.num_workers=1",
         "trainer.rollout_workers=1", "trainer.mode=async", "trainer.max_staleness=1",
+        "actor.tis_cap=2.0",
         "trainer.val_every=0",
     ]  # fmt: skip
     seen: dict[str, Any] = {}

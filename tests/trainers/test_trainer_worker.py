@@ -337,6 +337,18 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000003"
 
 
+def _logprobs_rank(rank: int, world: int, seqs: list[TrainSeq]) -> list[torch.Tensor]:
+    """Rank 0 scores every sequence, the others none (more ranks than sequences)."""
+    return PolicyWorker(_config(), _wcfg()).compute_logprobs(seqs if rank == 0 else [])
+
+
+def test_a_rank_with_no_sequences_scores_nothing_and_keeps_the_others_in_step() -> None:
+    seqs = _seqs()[:1]
+    ranks = run_local_ranks(_logprobs_rank, 2, seqs)
+    assert [len(r) for r in ranks] == [1, 0]
+    assert ranks[0][0].shape == seqs[0].token_ids.shape
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
