@@ -1,5 +1,5 @@
-"""The turn-level estimator (``turn_rloo``): hand values, unbiasedness per turn position under
-random turn counts, per-token placement, and GRPO steps that train with it."""
+"""The turn-level estimator (``turn_rloo``): hand values, unbiasedness for each action's value per
+turn position under random turn counts, per-token placement, and GRPO steps that train with it."""
 
 from __future__ import annotations
 
@@ -62,32 +62,42 @@ def test_each_turn_gets_its_advantage_on_its_sampled_tokens_only() -> None:
         compute_advantages("turn_rloo", torch.zeros(1, 2), torch.ones(1, 2), [0])
 
 
-def _episode(rng: random.Random) -> list[float]:
-    """A random episode: 1-6 turns, each with a noisy reward whose mean falls with the turn."""
-    return [rng.gauss(1.0 - 0.3 * k, 1.0) for k in range(rng.randint(1, 6))]
+#: Per action, the mean reward of each turn: action 1 ends after 2 turns, action 0 after 4.
+TURN_MEANS = {1: (1.0, 2.0), 0: (0.5, 0.5, 0.5, 0.5)}
 
 
-def test_mean_advantage_is_zero_at_every_turn_position_under_random_turn_counts() -> None:
+def _true_advantage(action: int, k: int) -> float:
+    """E[G_k | action] − E[G_k] over the episodes that reach turn k (gamma 1, actions 50/50)."""
+    g = {a: sum(means[k:]) for a, means in TURN_MEANS.items() if k < len(means)}
+    return g[action] - sum(g.values()) / len(g)
+
+
+def test_each_turn_advantage_is_unbiased_for_its_actions_value_under_random_turn_counts() -> None:
+    """Groups of 4 episodes whose first action decides how many turns they get. At each turn
+    position the estimator's mean advantage given the action must equal the action's true
+    advantage there (within 4 standard errors); the naive baseline (all turns of the group
+    pooled) misses it by far, and so would a baseline that includes the episode itself
+    (shrunk by 3/4): the check can fail."""
     rng = random.Random(0)
-    by_k: dict[int, list[float]] = {}
-    pooled_by_k: dict[int, list[float]] = {}
-    for _ in range(1000):
-        returns = [turn_returns(_episode(rng), gamma=0.9) for _ in range(4)]
-        for s in turn_rloo_scores(returns):
-            for k, a in enumerate(s):
-                by_k.setdefault(k, []).append(a)
-        pool = [x for g in returns for x in g]  # the naive estimator: all turns of the group
-        mean = sum(pool) / len(pool)
-        for g in returns:
-            for k, x in enumerate(g):
-                pooled_by_k.setdefault(k, []).append(x - mean)
-    for k, values in by_k.items():
+    ours: dict[tuple[int, int], list[float]] = {}
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for _ in range(10000):
+        actions = [rng.randint(0, 1) for _ in range(4)]
+        rewards = [[rng.gauss(m, 1.0) for m in TURN_MEANS[a]] for a in actions]
+        returns = [turn_returns(r) for r in rewards]
+        flat = [x for g in returns for x in g]
+        for a, g, s in zip(actions, returns, turn_rloo_scores(returns), strict=True):
+            for k, (x, adv) in enumerate(zip(g, s, strict=True)):
+                ours.setdefault((a, k), []).append(adv)
+                pooled.setdefault((a, k), []).append(x - statistics.fmean(flat))
+    for (a, k), values in sorted(ours.items()):
+        want, got = _true_advantage(a, k), statistics.fmean(values)
         se = statistics.stdev(values) / len(values) ** 0.5
-        assert abs(statistics.fmean(values)) < 3 * se + 1e-9, (k, statistics.fmean(values), se)
-    # the naive pooled baseline is biased by turn position (positive early, negative late)
-    se0 = statistics.stdev(pooled_by_k[0]) / len(pooled_by_k[0]) ** 0.5
-    assert statistics.fmean(pooled_by_k[0]) > 10 * se0
-    assert statistics.fmean(pooled_by_k[4]) < 0
+        assert abs(got - want) < 4 * se, (a, k, got, want, se)
+        if k == 0:  # a self-including baseline (3/4 of ours) would be caught
+            assert abs(0.75 * want - want) > 6 * se, (a, k, want, se)
+    naive = statistics.fmean(pooled[(1, 0)])
+    assert abs(naive - _true_advantage(1, 0)) > 0.3, naive  # biased by the turn count
 
 
 def test_turn_rewards_are_recorded_and_reported() -> None:
