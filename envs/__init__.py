@@ -2,6 +2,7 @@
 
 from agentloop.envs.base import AnswerHook, Env, StepResult
 from agentloop.envs.calc import CalcEnv, calc_reward, make_calc_task
+from agentloop.envs.chat_user import ChatUser, ChatUserConfig
 from agentloop.envs.gym_adapter import GymnasiumEnv
 from agentloop.envs.registry import EnvSpec, make, register, registered, spec
 from agentloop.envs.rewards import (
@@ -19,6 +20,8 @@ from agentloop.envs.user_sim import EngineUser, ScriptedUser, UserSimEnv, UserSi
 __all__ = [
     "AnswerHook",
     "CalcEnv",
+    "ChatUser",
+    "ChatUserConfig",
     "EngineUser",
     "Env",
     "EnvSpec",
@@ -51,8 +54,9 @@ register(
 register(
     "agentloop/CalcUser-v0",
     "agentloop.envs.user_sim:calc_user_env",
-    description="Calc-v0 behind a simulated user who gives the question only when asked; user "
-    "turns are observations (masked).",
+    description="Calc-v0 behind a simulated user who gives the question only when asked (or, "
+    "with user={base_url, model}, a model behind an OpenAI-compatible server); user turns are "
+    "observations (masked).",
 )
 # By "module:attr": their tools (search index, pillow) load only when the env is made.
 register(

@@ -8,9 +8,10 @@ says it is done; then that reply goes to the task env, which scores it and ends 
 Tool calls go to the task env as usual. So the user can hold back what the task needs (the
 policy must ask), push back, or insist on a format, for at most ``max_user_turns`` turns.
 
-Two simulators: :class:`ScriptedUser` (templates filled from the task: exact and free, for
-tests and curricula) and :class:`EngineUser` (a second model plays the user from a persona
-prompt, seeing the conversation from the other side).
+Three simulators: :class:`ScriptedUser` (templates filled from the task: exact and free, for
+tests and curricula), :class:`EngineUser` (a second in-process engine plays the user from a
+persona prompt, seeing the conversation from the other side) and
+:class:`~agentloop.envs.chat_user.ChatUser` (the same, through any OpenAI-compatible server).
 """
 
 from __future__ import annotations
@@ -18,17 +19,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentloop.envs.base import AnswerHook, Env, StepResult
 from agentloop.envs.calc import CalcEnv
 from agentloop.envs.rewards import extract_boxed
 from agentloop.envs.tool_env import ToolEnv
-from agentloop.errors import EnvError
+from agentloop.errors import ConfigError, EnvError, did_you_mean
 from agentloop.sandboxes import Sandbox
 from agentloop.types import Completion, Message, Task
 
-__all__ = ["EngineUser", "ScriptedUser", "UserSimEnv", "UserSimulator", "calc_user_env"]
+if TYPE_CHECKING:
+    from agentloop.envs.chat_user import ChatUserConfig
+
+__all__ = [
+    "EngineUser",
+    "ScriptedUser",
+    "UserSimEnv",
+    "UserSimulator",
+    "calc_user_env",
+    "fill_template",
+    "flipped_chat",
+]
 
 
 class UserSimulator(Protocol):
@@ -56,13 +68,13 @@ class ScriptedUser:
     done: Callable[[Task, Sequence[Message]], bool] | None = None
 
     def opening(self, task: Task) -> str | None:
-        return None if self.opening_text is None else _fill(self.opening_text, task)
+        return None if self.opening_text is None else fill_template(self.opening_text, task)
 
     async def reply(self, task: Task, messages: Sequence[Message]) -> str | None:
         given = sum(m.role == "user" for m in messages) - 1  # user turns after the first
         if given >= len(self.replies) or (self.done is not None and self.done(task, messages)):
             return None
-        return _fill(self.replies[given], task)
+        return fill_template(self.replies[given], task)
 
 
 class _Generates(Protocol):
@@ -96,12 +108,10 @@ class EngineUser:
         self.sampling, self.opening_text, self.stop_phrase = sampling, opening_text, stop_phrase
 
     def opening(self, task: Task) -> str | None:
-        return None if self.opening_text is None else _fill(self.opening_text, task)
+        return None if self.opening_text is None else fill_template(self.opening_text, task)
 
     async def reply(self, task: Task, messages: Sequence[Message]) -> str | None:
-        flip = {"user": "assistant", "assistant": "user"}
-        chat = [{"role": "system", "content": _fill(self.persona, task)}]
-        chat += [{"role": flip[m.role], "content": m.content} for m in messages if m.role in flip]
+        chat = flipped_chat(self.persona, task, messages)
         ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
@@ -113,7 +123,8 @@ class EngineUser:
 class UserSimEnv(Env):
     """``env`` (the task: tools, reward, tasks) with ``user`` playing the user, for at most
     ``max_user_turns`` user replies per episode (the module docstring has the protocol). The
-    last trajectory metrics gain ``user_turns``."""
+    trajectory metrics gain ``user_turns``, also when a rollout limit (max_turns, max_tokens)
+    ends the episode before the task env does."""
 
     def __init__(self, env: Env, user: UserSimulator, *, max_user_turns: int = 2) -> None:
         if max_user_turns < 0:
@@ -165,7 +176,8 @@ class UserSimEnv(Env):
                 self._user_turns += 1
                 message = Message("user", reply)
                 self._history.append(message)
-                return StepResult([message], 0.0, False, False)
+                metrics = {"user_turns": float(self._user_turns)}
+                return StepResult([message], 0.0, False, False, metrics=metrics)
         result = await self.env.step(action)
         self._history.extend(result.observation)
         if not (result.terminated or result.truncated):
@@ -180,7 +192,8 @@ class UserSimEnv(Env):
         await self.env.preflight()  # the task env's services (its sandbox)
 
 
-def _fill(template: str, task: Task) -> str:
+def fill_template(template: str, task: Task) -> str:
+    """``template.format(**task.data)``; a field the task lacks is an :class:`EnvError`."""
     try:
         return template.format(**task.data)
     except (KeyError, IndexError) as exc:
@@ -188,6 +201,15 @@ def _fill(template: str, task: Task) -> str:
             f"user template {template!r} needs task field {exc}; task {task.id!r} has "
             f"{sorted(task.data)}"
         ) from None
+
+
+def flipped_chat(persona: str, task: Task, messages: Sequence[Message]) -> list[dict[str, str]]:
+    """The conversation as the user model sees it: ``persona`` (filled from the task) as the
+    system prompt, the policy's messages as ``user``, the user's own as ``assistant``; tool
+    messages are left out."""
+    flip = {"user": "assistant", "assistant": "user"}
+    chat = [{"role": "system", "content": fill_template(persona, task)}]
+    return chat + [{"role": flip[m.role], "content": m.content} for m in messages if m.role in flip]
 
 
 def _answered(task: Task, messages: Sequence[Message]) -> bool:
@@ -208,16 +230,66 @@ CALC_DOUBLE_CHECK_USER = ScriptedUser(
 )
 
 
+#: The model-played user's system prompt when ``user={...}`` names no ``persona``.
+CALC_PERSONA = (
+    "You are a person chatting with an AI assistant; you want it to solve this problem for you: "
+    "{prompt}\nReply as that person, in one or two short sentences. Once the assistant has given "
+    "a final answer as \\boxed{{number}}, reply with exactly ###STOP###."
+)
+
+#: ``calc_user_env(user=NAME)``'s scripted users.
+CALC_USERS: dict[str, ScriptedUser] = {
+    "scripted": CALC_USER,
+    "double_check": CALC_DOUBLE_CHECK_USER,
+}
+
+
 def calc_user_env(
     *,
     digits: int = 2,
     sandbox: Sandbox | str = "local",
     max_user_turns: int = 2,
+    user: str | Mapping[str, Any] | ChatUserConfig = "scripted",
     double_check: bool = False,
 ) -> UserSimEnv:
     """``agentloop/CalcUser-v0``: Calc-v0 behind a simulated user, scored by Calc's reward.
-    By default the user holds the question back until the policy replies, and asks for a boxed
-    answer if the reply has none (:data:`CALC_USER`); ``double_check``: the user asks outright
-    and answers every reply with "are you sure?" (:data:`CALC_DOUBLE_CHECK_USER`)."""
-    user = CALC_DOUBLE_CHECK_USER if double_check else CALC_USER
-    return UserSimEnv(CalcEnv(digits=digits, sandbox=sandbox), user, max_user_turns=max_user_turns)
+    ``user`` picks who plays the user:
+
+    - ``"scripted"`` (default): :data:`CALC_USER` holds the question back until the policy
+      replies, and asks for a boxed answer if the reply has none;
+    - ``"double_check"`` (or the older ``double_check=True``): :data:`CALC_DOUBLE_CHECK_USER`
+      asks outright and answers every reply with "are you sure?";
+    - a mapping of :class:`~agentloop.envs.chat_user.ChatUserConfig` settings (what YAML and
+      ``--env-arg 'user={...}'`` give; at least ``base_url`` and ``model``, ``persona``
+      defaults to :data:`CALC_PERSONA`), or a ChatUserConfig: a model behind an
+      OpenAI-compatible server plays the user (:class:`~agentloop.envs.chat_user.ChatUser`).
+    """
+    simulator = _calc_user(user, double_check)
+    env = CalcEnv(digits=digits, sandbox=sandbox)
+    return UserSimEnv(env, simulator, max_user_turns=max_user_turns)
+
+
+def _calc_user(user: object, double_check: bool) -> UserSimulator:
+    from agentloop.envs.chat_user import ChatUser, ChatUserConfig  # it imports this module
+
+    scripted = isinstance(user, str) and user in CALC_USERS
+    if double_check:
+        if not scripted:
+            raise ConfigError(
+                f"double_check=true picks the scripted skeptical user, but user={user!r} picks "
+                "another; drop double_check (user='double_check' is the same user)"
+            )
+        return CALC_DOUBLE_CHECK_USER
+    if isinstance(user, ChatUserConfig):
+        return ChatUser(user)
+    if isinstance(user, Mapping):
+        return ChatUser(ChatUserConfig.from_mapping({"persona": CALC_PERSONA, **user}))
+    if isinstance(user, str) and scripted:
+        return CALC_USERS[user]
+    hint = did_you_mean(user, CALC_USERS) if isinstance(user, str) else ""
+    raise ConfigError(
+        f"user={user!r} is not a CalcUser-v0 user.{hint} Give 'scripted' (the default), "
+        "'double_check', or a model-played user's settings as a mapping, at least "
+        '{"base_url": "http://HOST:PORT/v1", "model": "NAME"} (YAML: data.env_kwargs.user; '
+        "CLI: --env-arg 'user={...}')"
+    )
