@@ -4,8 +4,13 @@ The prompt is rendered and encoded once. After that the builder never re-tokeniz
 produced: sampled ids are appended untouched by the rollout loop, and each observation is appended
 as the template's *token-level suffix* — the text the template adds for the new messages, encoded
 on its own. Whether a template allows this is checked once, when the builder is made, with probe
-conversations (see :meth:`TokenBuilder._probe_template`); a template that rewrites earlier turns
-(not prefix-stable) is rejected with :class:`TemplateError` instead of silently drifting.
+conversations (see :meth:`TokenBuilder._probe_template`). A template that rewrites earlier turns
+(not prefix-stable; Qwen3- and R1-style templates drop earlier turns' ``<think>`` blocks) needs a
+declared thinking-history policy (``thinking``, set by ``rollout.thinking``): ``keep`` appends
+observation suffixes after the sampled ids as for any template, so earlier reasoning stays in the
+prompt; ``strip`` makes the rollout loop re-render the whole history before each turn and train
+each turn as its own sample. Undeclared, such a template is rejected with :class:`TemplateError`
+when the builder is made, instead of silently drifting.
 
 With a :class:`~agentloop.vision.VisionProcessor`, messages may carry images: the template renders
 one ``<|image_pad|>`` per image and the builder expands it, in token space, to the image's
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentloop.errors import TemplateError
 from agentloop.segments import SegmentEncoder
+from agentloop.thinking import Thinking, check_thinking, require_policy
 from agentloop.types import Message
 
 if TYPE_CHECKING:
@@ -36,6 +42,7 @@ _NO_VISION = (
     "messages carry {} image(s) but the TokenBuilder has no vision processor; pass "
     "vision=agentloop.vision.VisionProcessor.from_pretrained(model_dir)"
 )
+_THINK_PROBE = Message("assistant", f"<think>\nprobe reasoning\n</think>\n\n{_PROBE}")
 _PROBE_MESSAGES = (
     Message("system", "probe system"),
     Message("user", "probe user"),
@@ -51,6 +58,13 @@ class TokenBuilder:
     tokenizer's own template. ``template_kwargs`` go to the template (e.g. ``enable_thinking``).
     ``vision`` (for VLMs) expands image placeholders; ``banned_token_ids`` are then the vision
     tokens, which the rollout asks engines never to sample.
+
+    ``thinking`` is the declared thinking-history policy (``rollout.thinking``), needed only by
+    a template that rewrites history (``rewrites_history`` says how, else None): ``auto``
+    rejects such a template here, naming it and the policies that work; ``keep`` keeps earlier
+    turns' reasoning in the prompt (one prefix-stable trajectory; only for templates whose one
+    rewrite is dropping ``<think>`` blocks); ``strip`` shows the model the template's own
+    rendering each turn (``splits_turns``: the rollout loop makes one sample per turn).
     """
 
     def __init__(
@@ -61,7 +75,9 @@ class TokenBuilder:
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         vision: VisionProcessor | None = None,
+        thinking: str = "auto",
     ) -> None:
+        check_thinking(thinking)
         template = chat_template or getattr(tokenizer, "chat_template", None)
         if not template or not isinstance(template, str):
             raise TemplateError(
@@ -82,7 +98,11 @@ class TokenBuilder:
         self._probe_text = self.render(
             _PROBE_MESSAGES, add_generation_prompt=False, with_tools=False
         )
-        self._assistant_close = self._probe_template()
+        self.thinking: Thinking = thinking  # type: ignore[assignment]  # checked above
+        self._assistant_close, self.rewrites_history = self._probe_template()
+        self.splits_turns = self.rewrites_history is not None and thinking == "strip"
+        if self.rewrites_history is not None:
+            require_policy(self.tokenizer, self.chat_template, self.rewrites_history, thinking)
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -277,8 +297,9 @@ class TokenBuilder:
             )
         return after[len(before) :]
 
-    def _probe_template(self) -> str:
-        """Check the template once and return the text that closes an assistant turn."""
+    def _probe_template(self) -> tuple[str, str | None]:
+        """Check the template once; return the text that closes an assistant turn and how the
+        template rewrites history (``"thinking"``, ``"history"``), or None if it does not."""
         probe = _PROBE_MESSAGES
         head = self.render(probe[:2], add_generation_prompt=False)
         with_prompt = self.render(probe[:2], add_generation_prompt=True)
@@ -293,9 +314,19 @@ class TokenBuilder:
                 "Sampled tokens would not line up with the template's rendering"
             )
         close = full[at + len(_PROBE) :]
-        # A template is usable only if appending a user turn does not rewrite the assistant turn.
-        self._suffix([Message("user", "probe follow-up")])
-        return close
+        # A template is prefix-stable only if appending a user turn does not rewrite the
+        # assistant turn, with or without a reasoning block in it.
+        follow = Message("user", "probe follow-up")
+        try:
+            self._suffix([follow])
+        except TemplateError:
+            return close, "history"
+        think = [*probe[:2], _THINK_PROBE]
+        full = self.render(think, add_generation_prompt=False)
+        after = self.render([*think, follow], add_generation_prompt=True)
+        if full.startswith(with_prompt + _THINK_PROBE.content) and after.startswith(full):
+            return close, None
+        return close, "thinking"
 
 
 def _with_contents(messages: Sequence[Message], contents: Sequence[str]) -> list[Message]:

@@ -230,6 +230,14 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
         ("parser", str),
     ):
         add(f"--{flag}", type=kind, default=None, help="rollout setting (default: RolloutConfig)")
+    add(
+        "--thinking",
+        default=None,
+        metavar="POLICY",
+        help="thinking-history policy for a chat template that drops earlier <think> blocks: "
+        "keep (one trajectory, earlier reasoning kept) or strip (one sample per turn, as the "
+        "template renders it); default auto: such a template is an error",
+    )
     add("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
     add("--pass-threshold", type=float, default=1.0, help="reward counted as a pass (default: 1)")
@@ -273,6 +281,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "top_k",
         "timeout_s",
         "parser",
+        "thinking",
     )
     rollout = RolloutConfig(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
     config = EvalConfig(

@@ -14,7 +14,7 @@ from agentloop.engines.base import Engine
 from agentloop.envs import Env, make
 from agentloop.envs.agent_env import AgentEnv
 from agentloop.errors import ConfigError
-from agentloop.rollout import RolloutConfig, rollout
+from agentloop.rollout import RolloutConfig, check_builder, rollout_episode
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
 
 __all__ = ["collect", "make_builder", "stable_seed"]
@@ -24,9 +24,12 @@ _YOUNG_GC_EVERY = 10_000
 _YOUNG_GC_PER_EPISODE = 200  # allocations per running episode between young collections
 
 
-def make_builder(tokenizer: Any, env_id: str, **env_kwargs: Any) -> TokenBuilder:
-    """A TokenBuilder whose system turn shows the tools of env ``env_id``."""
-    return TokenBuilder(tokenizer, tools=make(env_id, **env_kwargs).tool_schemas)
+def make_builder(
+    tokenizer: Any, env_id: str, *, thinking: str = "auto", **env_kwargs: Any
+) -> TokenBuilder:
+    """A TokenBuilder whose system turn shows the tools of env ``env_id``, with the
+    thinking-history policy ``thinking`` (``rollout.thinking``)."""
+    return TokenBuilder(tokenizer, tools=make(env_id, **env_kwargs).tool_schemas, thinking=thinking)
 
 
 def _check_tools(builder: TokenBuilder, schemas: Sequence[Mapping[str, Any]], env_id: str) -> None:
@@ -74,6 +77,7 @@ async def collect(
         raise ConfigError(
             f"collect needs group_size >= 1 and concurrency >= 1, got {group_size}, {concurrency}"
         )
+    check_builder(builder, config)
     factory = _env_factory(env, env_kwargs or {}, builder)
     slots = asyncio.Semaphore(concurrency)
 
@@ -108,7 +112,8 @@ async def _safe_rollout(
 ) -> list[Trajectory]:
     """:func:`rollout`, with anything that escapes it (env construction, template errors)
     recorded as an ``env_error`` trajectory instead of failing the whole batch. An
-    :class:`AgentEnv` is played by its agent through the proxy: one trajectory per segment."""
+    :class:`AgentEnv` is played by its agent through the proxy: one trajectory per segment;
+    under ``thinking=strip`` an episode is one trajectory per turn."""
     try:
         env = factory()
         if isinstance(env, AgentEnv):
@@ -123,7 +128,7 @@ async def _safe_rollout(
                 sample_index=index,
                 seed=stable_seed(seed, task.id, index),
             )
-        trajectory = await rollout(
+        return await rollout_episode(
             env,
             engine,
             builder,
@@ -132,7 +137,6 @@ async def _safe_rollout(
             sample_index=index,
             seed=stable_seed(seed, task.id, index),
         )
-        return [trajectory]
     except Exception as exc:
         return [
             Trajectory(

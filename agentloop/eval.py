@@ -266,7 +266,11 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
 
     factory = env_factory(config.env, config.env_kwargs, config.tools, config.tool_io)
     env = factory()
-    builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), tools=env.tool_schemas)
+    builder = TokenBuilder(
+        AutoTokenizer.from_pretrained(config.model),
+        tools=env.tool_schemas,
+        thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
+    )
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)

@@ -8,8 +8,9 @@ messages never changes the text of earlier turns, and trajectories are one token
 
 ``prefix_stable_official`` says whether the family's *own* (Hugging Face) template is prefix-stable
 too. Where it is not — it drops earlier reasoning, or moves the tool list — agentloop's
-:class:`~agentloop.chat.TokenBuilder` rejects it at start-up; pass ``chat_template=`` with the
-template here (it keeps earlier reasoning in the prompt) to train such a model.
+:class:`~agentloop.chat.TokenBuilder` rejects it at start-up unless ``rollout.thinking`` declares
+a policy (``keep``, ``strip``); or pass ``chat_template=`` with the template here (it keeps
+earlier reasoning in the prompt) to train such a model.
 """
 
 from __future__ import annotations

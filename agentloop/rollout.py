@@ -1,7 +1,9 @@
-"""The rollout loop: play one episode of an env with an engine and return a token-exact Trajectory.
+"""The rollout loop: play one episode of an env with an engine and return token-exact trajectories.
 
 This is the only place where generation, tool calls and token accounting meet. Training,
-validation and ``agentloop eval`` all call :func:`rollout` (through :func:`agentloop.collect`).
+validation and ``agentloop eval`` all call :func:`rollout_episode` (through
+:func:`agentloop.collect`). An episode is one trajectory, or, under ``rollout.thinking=strip``
+with a template that rewrites history, one trajectory per turn (see :func:`rollout_episode`).
 """
 
 from __future__ import annotations
@@ -11,18 +13,20 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.envs import Env, StepResult
 from agentloop.errors import ConfigError, ToolFatalError
+from agentloop.rollout_state import EpisodeState
+from agentloop.thinking import check_thinking
 from agentloop.tools import get_parser, truncate_to_tokens
 from agentloop.tools.recording import episode_scope
 from agentloop.types import Completion, Message, StopReason, Task, Trajectory, Turn
 
-__all__ = ["RolloutConfig", "rollout"]
+__all__ = ["RolloutConfig", "check_builder", "rollout", "rollout_episode"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -67,7 +71,14 @@ class RolloutConfig:
     check_template: bool = False
     """After each episode, check that its token ids decode to the chat template's rendering
     of its messages (a mismatch raises ``TemplateError``); a debugging aid, one render per
-    episode."""
+    episode. Skipped for a template that rewrites history (under ``thinking`` keep or strip)."""
+    thinking: str = "auto"
+    """Thinking-history policy, for chat templates that rewrite history (Qwen3- and R1-style
+    templates drop earlier turns' ``<think>`` blocks): ``auto`` (such a template is an error at
+    start-up; prefix-stable ones just work), ``keep`` (earlier reasoning stays in the prompt:
+    one trajectory per episode, a history the model will not see at inference) or ``strip``
+    (each turn's prompt is the template's own rendering of the history: one training sample
+    per turn). The TokenBuilder must be made with the same value (``thinking=``)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_prompt_len", "max_response_len", "max_tool_output_tokens"):
@@ -78,6 +89,7 @@ class RolloutConfig:
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         if self.parser != "auto":
             get_parser(self.parser)  # unknown parser names fail here, with a did-you-mean
+        check_thinking(self.thinking)
 
     def sampling(self, max_tokens: int, seed: int | None, stop: tuple[int, ...]) -> SamplingParams:
         return SamplingParams(
@@ -98,79 +110,14 @@ class _Stop(Exception):
         self.reason, self.error = reason, error
 
 
-@dataclass
-class _Episode:
-    """Mutable accumulator behind one Trajectory; whatever was built survives a failure."""
-
-    task_id: str
-    sample_index: int
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_len: int = 0
-    messages: list[Message] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    reward: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    images: list[Any] = field(default_factory=list)
-    image_grids: list[tuple[int, int, int]] = field(default_factory=list)
-    versions: list[int] | None = field(default_factory=list)  # None: an engine gave none
-
-    def add_images(self, messages: list[Message], builder: TokenBuilder) -> None:
-        """Record the images of messages just appended, in token order (VLM episodes)."""
-        images = [im for m in messages for im in m.images]
-        if images:  # a text turn skips the builder (which names a missing vision processor)
-            self.images.extend(images)
-            self.image_grids.extend(builder.image_grids(messages))
-
-    def count_tool_errors(self, result: StepResult) -> None:
-        for r in result.tool_results:
-            if r.error_kind is not None:
-                key = f"tool_error/{r.error_kind}"
-                self.metrics[key] = self.metrics.get(key, 0.0) + 1.0
-
-    @property
-    def response_len(self) -> int:
-        return len(self.token_ids) - self.prompt_len
-
-    def append(self, ids: list[int] | tuple[int, ...], *, sampled: Completion | None) -> None:
-        self.token_ids.extend(ids)
-        self.loss_mask.extend([1 if sampled else 0] * len(ids))
-        self.logprobs.extend(sampled.logprobs if sampled else [0.0] * len(ids))
-        if self.versions is not None:
-            if sampled is not None and not sampled.versions:
-                self.versions = None  # the engine tracks no policy versions
-            else:
-                self.versions.extend(sampled.versions if sampled else [-1] * len(ids))
-
-    def build(self, reason: StopReason, error: str | None) -> Trajectory:
-        metrics = {
-            "turns": float(len(self.turns)),
-            "response_tokens": float(self.response_len),
-            "trained_tokens": float(self.loss_mask.count(1)),  # the mask holds only 0 and 1
-            "gen_time_s": sum(t.gen_latency_s for t in self.turns),
-            "env_time_s": sum(t.env_latency_s for t in self.turns),
-        }
-        if self.turns:
-            metrics["tool_calls"] = float(sum(t.tool_calls for t in self.turns))
-            metrics["tool_errors"] = float(sum(t.tool_errors for t in self.turns))
-        metrics.update(self.metrics)
-        return Trajectory(
-            task_id=self.task_id,
-            token_ids=tuple(self.token_ids),
-            loss_mask=tuple(self.loss_mask),
-            logprobs=tuple(self.logprobs),
-            prompt_len=self.prompt_len,
-            reward=self.reward,
-            stop_reason=reason,
-            turns=tuple(self.turns),
-            messages=tuple(self.messages),
-            metrics=metrics,
-            error=error,
-            sample_index=self.sample_index,
-            images=tuple(self.images),
-            image_grids=tuple(self.image_grids),
-            versions=tuple(self.versions or ()),
+def check_builder(builder: TokenBuilder, config: RolloutConfig) -> None:
+    """A ``ConfigError`` if ``builder`` was made with another thinking-history policy than
+    ``config.thinking`` while its template needs one (it rewrites history)."""
+    if builder.rewrites_history is not None and builder.thinking != config.thinking:
+        raise ConfigError(
+            f"rollout.thinking={config.thinking} but the TokenBuilder was made with "
+            f"thinking={builder.thinking!r}; make it with TokenBuilder(..., "
+            f"thinking={config.thinking!r})"
         )
 
 
@@ -184,10 +131,47 @@ async def rollout(
     sample_index: int = 0,
     seed: int | None = None,
 ) -> Trajectory:
-    """Play one episode of ``task`` and return its trajectory. Never raises for episode failures
-    (engine, env, tool, reward errors, the deadline): they end the episode with a stop reason and
-    an ``error`` text. Cancellation propagates. ``env`` is closed on every exit path."""
-    episode = _Episode(task.id, sample_index)
+    """:func:`rollout_episode` for an episode that is one trajectory (a builder that does not
+    split turns; with ``builder.splits_turns`` use :func:`rollout_episode`)."""
+    if builder.splits_turns:
+        raise ConfigError(
+            "rollout() returns one trajectory, but under thinking=strip an episode is one "
+            "sample per turn; call rollout_episode() (or collect())"
+        )
+    (trajectory,) = await rollout_episode(
+        env, engine, builder, task, config, sample_index=sample_index, seed=seed
+    )
+    return trajectory
+
+
+async def rollout_episode(
+    env: Env,
+    engine: Engine,
+    builder: TokenBuilder,
+    task: Task,
+    config: RolloutConfig,
+    *,
+    sample_index: int = 0,
+    seed: int | None = None,
+) -> list[Trajectory]:
+    """Play one episode of ``task`` and return its trajectories. Never raises for episode
+    failures (engine, env, tool, reward errors, the deadline): they end the episode with a stop
+    reason and an ``error`` text. Cancellation propagates. ``env`` is closed on every exit path.
+
+    Usually the episode is one trajectory. Under ``thinking=strip`` with a template that
+    rewrites history (``builder.splits_turns``) it is one trajectory per turn, in turn order,
+    all with this ``sample_index``: turn k's prompt is the template's own rendering of the
+    history (earlier reasoning dropped, as at inference), encoded once and given to the engine
+    as it is, and its response is that turn's sampled ids and logprobs (``loss_mask`` 1 on them
+    only). As with a proxied agent's segments, every sample carries the episode's reward, stop
+    reason and env metrics (outcome advantages score each sample with the episode's reward),
+    its own turn (with that turn's reward, and ``Turn.index`` its position in the episode, so
+    ``turn_rloo`` gives each sample its own turn's advantage), and ``segments``/
+    ``segment_index`` metrics (the last sample, holding the whole conversation, stands for the
+    episode in eval). The response budget counts the current context after the first prompt.
+    """
+    check_builder(builder, config)
+    episode = EpisodeState(task.id, sample_index)
     reason, error = StopReason.DONE, None
     try:
         # episode_scope: the env's tool session learns which episode it serves (tool record/replay)
@@ -200,23 +184,25 @@ async def rollout(
         reason, error = StopReason.TIMEOUT, f"episode exceeded rollout.timeout_s={config.timeout_s}"
     finally:
         await _close(env, episode)
-    if config.check_template and episode.turns and not reason.is_error:
+    stable = builder.rewrites_history is None
+    if config.check_template and stable and episode.turns and not reason.is_error:
         builder.check_text(episode.token_ids, episode.messages)
-    trajectory = episode.build(reason, error)
+    trajectories = episode.build(reason, error)
     if builder.vision is not None:  # placeholder runs must match the image grids, always
         from agentloop.vision import check_image_placeholders
 
-        check_image_placeholders(
-            trajectory.token_ids,
-            trajectory.image_grids,
-            image_token_id=builder.vision.tokens.image,
-            merge_size=builder.vision.merge_size,
-        )
-    return trajectory
+        for trajectory in trajectories:
+            check_image_placeholders(
+                trajectory.token_ids,
+                trajectory.image_grids,
+                image_token_id=builder.vision.tokens.image,
+                merge_size=builder.vision.merge_size,
+            )
+    return trajectories
 
 
 async def _play(
-    episode: _Episode,
+    episode: EpisodeState,
     env: Env,
     engine: Engine,
     builder: TokenBuilder,
@@ -235,7 +221,7 @@ async def _play(
             f"prompt has {len(prompt)} tokens > rollout.max_prompt_len={config.max_prompt_len}",
         )
     episode.append(prompt, sampled=None)
-    episode.prompt_len = len(prompt)
+    episode.prompt_len = episode.base_len = len(prompt)
     episode.add_images(messages, builder)
     session_id = f"{task.id}#{episode.sample_index}"
     for turn in range(config.max_turns):
@@ -259,18 +245,29 @@ async def _play(
         episode.metrics.update(result.metrics)
         obs = await _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
-        obs_ids = builder.observation_ids(obs, completion.token_ids) if stop is None else []
-        if stop is None and any(m.images for m in obs):
-            obs, obs_ids = _drop_images_to_fit(episode, obs, obs_ids, builder, completion, config)
+        obs_ids, history = [], []  # the next context: a suffix, or (strip) a fresh rendering
+        if stop is None and builder.splits_turns:
+            history = await _render_history(builder, [*episode.messages, *obs])
+        elif stop is None:
+            obs_ids = builder.observation_ids(obs, completion.token_ids)
+            if any(m.images for m in obs):
+                obs, obs_ids = _drop_images_to_fit(
+                    episode, obs, obs_ids, builder, completion, config
+                )
         episode.turns.append(_turn(turn, start, completion, result, len(obs_ids), t0, t1, reward))
         episode.count_tool_errors(result)
         if stop is not None:
             raise _Stop(stop)
-        if episode.response_len + len(obs_ids) >= config.max_response_len:
+        after = len(history) if history else len(episode.token_ids) + len(obs_ids)
+        if after - episode.base_len >= config.max_response_len:
             raise _Stop(
                 StopReason.MAX_TOKENS,
-                f"observation of {len(obs_ids)} tokens does not fit the remaining response budget",
+                f"observation of {after - len(episode.token_ids)} tokens does not fit the "
+                "remaining response budget",
             )
+        if history:
+            episode.restart(history, [*episode.messages, *obs], builder)
+            continue
         episode.messages.extend(obs)
         episode.append(obs_ids, sampled=None)
         episode.add_images(obs, builder)
@@ -349,6 +346,14 @@ def _finite_reward(reward: float) -> float:
     return value
 
 
+async def _render_history(builder: TokenBuilder, messages: list[Message]) -> list[int]:
+    """The template's rendering of the whole history, encoded (``thinking=strip``); a long
+    history renders on a worker thread, so other episodes do not wait on it."""
+    if sum(len(m.content) for m in messages) <= _INLINE_CHARS:
+        return builder.prompt_ids(messages)
+    return await asyncio.to_thread(builder.prompt_ids, messages)
+
+
 async def _fit_observation(
     result: StepResult, builder: TokenBuilder, config: RolloutConfig
 ) -> list[Message]:
@@ -384,7 +389,7 @@ def _fit_tool_messages(
 
 
 def _drop_images_to_fit(
-    episode: _Episode,
+    episode: EpisodeState,
     obs: list[Message],
     obs_ids: list[int],
     builder: TokenBuilder,
@@ -432,7 +437,7 @@ def _turn(
     )
 
 
-async def _close(env: Env, episode: _Episode) -> None:
+async def _close(env: Env, episode: EpisodeState) -> None:
     try:
         await env.close()
     except Exception:  # a failing close must not lose the trajectory

@@ -109,6 +109,14 @@ def tokenizer(tiny_model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture(scope="session")
+def reasoning_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model wearing the reasoning template (drops earlier turns' <think> blocks)."""
+    from agentloop.testing.tiny_reasoning import wear_reasoning_template
+
+    return wear_reasoning_template(tiny_model_dir, tmp_path_factory.mktemp("reasoning") / "model")
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
     """The shared VLLMEngine on the tiny model (tests that change its weights put them back).
@@ -147,3 +155,13 @@ def calc_caller_dir(tiny_model_dir: Path) -> Path:
     from agentloop.testing.calc_caller import calc_caller_model_dir
 
     return calc_caller_model_dir(base=tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def reasoning_caller_dir(calc_caller_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Calc tool caller wearing the reasoning template: multi-turn episodes, a template
+    that drops earlier <think> blocks (tests of rollout.thinking on real engines)."""
+    from agentloop.testing.tiny_reasoning import wear_reasoning_template
+
+    out = tmp_path_factory.mktemp("reasoning-caller") / "model"
+    return wear_reasoning_template(calc_caller_dir, out)

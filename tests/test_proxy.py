@@ -161,7 +161,8 @@ async def test_a_template_that_strips_earlier_reasoning_starts_a_new_segment(
     engine = FakeEngine(["<think>2 * 3 is 6</think>It is 6.", "<think>plus 1</think>Now 7."],
                         tokenizer=tokenizer,
                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))  # fmt: skip
-    builder = TokenBuilder(tokenizer, chat_template=template)
+    # a stripping template needs a declared policy; the proxy's is strip (a new segment)
+    builder = TokenBuilder(tokenizer, chat_template=template, thinking="strip")
     async with AgentProxy(engine, builder) as proxy:
         episode = proxy.open_episode(builder=builder)
         client = proxy.client(episode)

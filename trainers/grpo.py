@@ -135,7 +135,11 @@ async def train_async(
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
-    builder = TokenBuilder(AutoTokenizer.from_pretrained(model_dir), tools=env.tool_schemas)
+    builder = TokenBuilder(
+        AutoTokenizer.from_pretrained(model_dir),
+        tools=env.tool_schemas,
+        thinking=cfg.rollout.thinking,  # a template that rewrites history fails here, named
+    )
     print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")  # "auto" fails here
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with (

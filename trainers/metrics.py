@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from agentloop.trainers.config import LoggingConfig
-from agentloop.types import StopReason, Trajectory, TrajectoryGroup
+from agentloop.types import StopReason, TrajectoryGroup, Turn
 
 __all__ = [
     "METRICS_FILE",
@@ -77,7 +77,8 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         "rollout/response_len_mean": _mean(lengths),
         "rollout/response_len_max": max(lengths),
         "rollout/trained_tokens_mean": _mean([float(t.num_trained_tokens) for t in trajs]),
-        "rollout/turns_mean": _mean([float(len(t.turns)) for t in trajs]),
+        # per episode: a strip episode's samples (or a proxied agent's segments) are one
+        "rollout/turns_mean": _mean([float(len(turns)) for turns in _episode_turns(groups)]),
         "rollout/tool_calls_mean": _mean(calls),
         "rollout/tool_errors_mean": _mean(errors),
         "rollout/tool_error_rate": sum(errors) / sum(calls) if sum(calls) else 0.0,
@@ -94,7 +95,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     if firsts:  # proxied agents: an episode of n segments rewrote its history n - 1 times
         out["rollout/segments_mean"] = _mean([t.metrics["segments"] for t in firsts])
     out["rollout/tool_episode_frac"] = _mean([float(c > 0) for c in calls])
-    out.update(_turn_position_rewards(trajs))
+    out.update(_turn_position_rewards(_episode_turns(groups)))
     if any("overlong_penalty" in t.metrics for t in trajs):
         out["rollout/overlong_penalty_mean"] = _mean(
             [t.metrics.get("overlong_penalty", 0.0) for t in trajs]
@@ -105,12 +106,22 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
 _MAX_TURN_POSITIONS = 16  # keys per step stay bounded on very long episodes
 
 
-def _turn_position_rewards(trajs: Sequence[Trajectory]) -> dict[str, float]:
+def _episode_turns(groups: Sequence[TrajectoryGroup]) -> list[list[Turn]]:
+    """Each episode's turns, in order: the trajectories of one ``sample_index`` in a group (one,
+    or a ``rollout.thinking=strip`` episode's samples, a proxied agent's segments) are one."""
+    episodes: dict[tuple[int, int], list[Turn]] = {}
+    for g, group in enumerate(groups):
+        for t in group.trajectories:
+            episodes.setdefault((g, t.sample_index), []).extend(t.turns)
+    return list(episodes.values())
+
+
+def _turn_position_rewards(episodes: Sequence[Sequence[Turn]]) -> dict[str, float]:
     """``rollout/turn_reward/k``: mean reward of turn ``k`` over the episodes that reached it."""
     by_k: dict[int, list[float]] = {}
-    for t in trajs:
-        for k, r in enumerate(t.turn_rewards[:_MAX_TURN_POSITIONS]):
-            by_k.setdefault(k, []).append(r)
+    for turns in episodes:
+        for k, turn in enumerate(turns[:_MAX_TURN_POSITIONS]):
+            by_k.setdefault(k, []).append(turn.reward)
     return {f"rollout/turn_reward/{k}": _mean(v) for k, v in sorted(by_k.items())}
 
 

@@ -285,7 +285,9 @@ class SFTTokenizer:
         tools = list(tools) if tools else self.default_tools
         key = json.dumps(tools, sort_keys=True)
         if key not in self._builders:
-            self._builders[key] = TokenBuilder(self.tokenizer, tools=tools)
+            # an SFT conversation is one sequence: a template that drops earlier <think>
+            # blocks trains on them kept (and logs that it does)
+            self._builders[key] = TokenBuilder(self.tokenizer, tools=tools, thinking="keep")
         return self._builders[key]
 
     def model_messages(self, conv: Conversation) -> list[Message]:

@@ -25,6 +25,10 @@ Dividing by the per-position std (``norm_by_std``) rescales like GRPO; it uses e
 own return, which changes magnitudes but not the sign of any advantage.
 A turn position reached by a single episode has no baseline and gets 0: it adds no gradient
 (and no bias). Within a group, the advantages of each turn position sum to 0.
+
+An episode given as several trajectories of one ``sample_index`` (``rollout.thinking=strip``:
+one sample per turn; a proxied agent's segments) is one episode here: its turns, in order, are
+``k = 0..K_i-1``, and each sample's tokens get the advantages of its own turns.
 """
 
 from __future__ import annotations
@@ -93,11 +97,37 @@ def turn_rloo_advantages(
 ) -> list[torch.Tensor]:
     """Per-token advantages ``[L_i]`` of trajectories ``keep`` (indices into the groups'
     trajectories flattened in order; default all), as in the module docstring. Every
-    trajectory of a group, kept or not, takes part in its turn positions' baselines."""
+    trajectory of a group, kept or not, takes part in its turn positions' baselines.
+
+    An episode may be several trajectories with one ``sample_index`` (``rollout.thinking=strip``:
+    one per turn; a proxied agent's segments): their turns, in order, are the episode's turns,
+    and each trajectory's tokens get the advantages of its own turns' positions."""
     per_traj: list[torch.Tensor] = []
     for g in groups:
-        returns = [turn_returns(_turn_rewards(t), gamma) for t in g.trajectories]
+        episodes: dict[int, list[Trajectory]] = {}
+        for t in g.trajectories:
+            episodes.setdefault(t.sample_index, []).append(t)
+        parts = list(episodes.values())
+        returns = [turn_returns(_episode_turn_rewards(p), gamma) for p in parts]
         scores = turn_rloo_scores(returns, norm_by_std=norm_by_std, epsilon=epsilon)
-        per_traj += [_token_advantages(t, s) for t, s in zip(g.trajectories, scores, strict=True)]
+        by_traj: dict[int, list[float]] = {}
+        for part, s in zip(parts, scores, strict=True):
+            at = 0
+            for t in part:
+                by_traj[id(t)] = s[at : at + len(t.turns)]
+                at += len(t.turns)
+        per_traj += [_token_advantages(t, by_traj[id(t)]) for t in g.trajectories]
     rows = range(len(per_traj)) if keep is None else keep
     return [per_traj[i] for i in rows]
+
+
+def _episode_turn_rewards(part: Sequence[Trajectory]) -> list[float]:
+    """The per-turn rewards of an episode of one or more trajectories (each carries the
+    episode's reward); reward outside ``env.step`` goes to its last turn, as in
+    :func:`_turn_rewards`."""
+    if len(part) == 1:
+        return _turn_rewards(part[0])
+    rewards = [r for t in part for r in t.turn_rewards]
+    if rewards:
+        rewards[-1] += part[-1].reward - sum(rewards)
+    return rewards

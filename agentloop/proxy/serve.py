@@ -42,7 +42,9 @@ async def serve_proxy(config: ServeProxyConfig, *, stop: asyncio.Event | None = 
     from agentloop.proxy.server import AgentProxy
     from agentloop.rollout import RolloutConfig
 
-    builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model))
+    # A template that rewrites history is rendered per request, as at inference: a rewritten
+    # history starts a new segment (the proxy's own "strip").
+    builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), thinking="strip")
     # open_engine reads the engine fields of an eval config; the env and out are not used
     engine_config = EvalConfig(
         env="agentloop/Agent-v0",

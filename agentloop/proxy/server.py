@@ -190,6 +190,7 @@ class AgentProxy:
                     base.tokenizer,
                     tools=tools,
                     chat_template=base.chat_template,
+                    thinking=base.thinking,
                 )
             except AgentLoopError as exc:
                 raise ProxyRequestError(
