@@ -168,3 +168,27 @@ def test_a_run_whose_policy_stopped_calling_tools_is_stopped(
                   "trainer.stop_without_tool_calls=1")  # fmt: skip
     with pytest.raises(AgentLoopError, match=r"no episode called a tool.*stop_without_tool_calls"):
         asyncio.run(train_async(cfg, engine=_engine(tok, tools=False)))
+
+
+def test_training_picks_the_tool_call_parser_from_the_models_template(
+    micro_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rollout.parser: auto`` (the default) in training: a model wearing the Llama 3 template
+    gets the llama3 parser at start-up, so its ``<|python_tag|>`` calls reach the tool."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from agentloop.testing.families import wear_family
+
+    model = wear_family(micro_model_dir, "llama3", tmp_path / "llama3")
+    shutil.copy(micro_model_dir / "model.safetensors", model / "model.safetensors")
+    call = '<|python_tag|>{"name": "python", "parameters": {"code": "print(6 * 7)"}}<|eom_id|>'
+    engine = FakeEngine(
+        [call, "It is \\boxed{42}.<|eot_id|>"], tokenizer=AutoTokenizer.from_pretrained(model)
+    )
+    cfg = _config(model, tmp_path / "run", "trainer.total_steps=1")
+    assert asyncio.run(train_async(cfg, engine=engine)).last_step == 1
+    assert "tool-call parser llama3" in capsys.readouterr().out
+    m = read_metrics(tmp_path / "run")[1]
+    assert m["rollout/tool_episode_frac"] == 1 and m["rollout/tool_error_rate"] == 0, m
