@@ -25,14 +25,33 @@ from agentloop.sandboxes.podman import PodmanService, ensure_python_image, podma
 BACKENDS = ["local", "docker", "remote"]
 
 
+_MAKERS: set[int] = set()  # this lane's process and every process it started during a test
+
+
+def _note_makers() -> None:
+    import psutil
+
+    me = psutil.Process()
+    _MAKERS.update([me.pid, *(p.pid for p in me.children(recursive=True))])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_sandboxes() -> Iterator[None]:
-    """After the whole sandbox suite: no sandbox process may be left orphaned."""
+    """After the whole sandbox suite: no sandbox process that this lane (or a server or CLI it
+    started) made may be left orphaned. Another lane's run, killed by its own test, is not
+    ours to judge: sandboxes are attributed by the maker pid in their cgroup's name."""
     yield
     deadline = time.monotonic() + 15
-    while (left := orphaned_sandboxes()) and time.monotonic() < deadline:
+    while (left := orphaned_sandboxes(_MAKERS)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], f"orphaned sandbox processes: {left}"
+
+
+@pytest.fixture(autouse=True)
+def _record_makers() -> Iterator[None]:
+    _note_makers()
+    yield
+    _note_makers()
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,9 +69,24 @@ class Host:
             self.listener.accept()
 
 
-def orphaned_sandboxes() -> list[int]:
+_CREATOR = re.compile(r"/agentloop-(\d+)-\d+$", re.M)
+
+
+def sandbox_creator(pid: int) -> int | None:
+    """The pid of the process that made sandbox process ``pid``: the local backend names each
+    sandbox's cgroup ``agentloop-<creator pid>-<n>``; None without such a cgroup."""
+    try:
+        found = _CREATOR.search(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def orphaned_sandboxes(creators: Collection[int] | None = None) -> list[int]:
     """Host pids of local sandbox processes that lost their parent (a leak): they run under the
-    fresh uids (>= 1e6) the local backend starts sandboxes with, re-parented to init."""
+    fresh uids (>= 1e6) the local backend starts sandboxes with, re-parented to init. With
+    ``creators``, only those whose cgroup names one of these pids as its maker (or none): a
+    parallel test lane's own sandboxes are not this lane's leak."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -85,7 +102,9 @@ def orphaned_sandboxes() -> list[int]:
             and fields.get("PPid", "").strip() == "1"
             and "Z" not in fields["State"]
         ):
-            out.append(int(pid))
+            creator = sandbox_creator(int(pid))
+            if creators is None or creator is None or creator in creators:
+                out.append(int(pid))
     return out
 
 
