@@ -156,6 +156,43 @@ def compute_advantages(
     return scores_B[:, None] * m
 
 
+def _split_episodes(groups: Sequence[TrajectoryGroup]) -> bool:
+    """Whether an episode of some group is several trajectories (one ``sample_index``):
+    ``rollout.thinking=strip`` samples, or a proxied agent's segments."""
+    return any(len({t.sample_index for t in g.trajectories}) < len(g.trajectories) for g in groups)
+
+
+def _episode_outcome_advantages(
+    groups: Sequence[TrajectoryGroup],
+    mode: str,
+    rows: Sequence[int],
+    norm_by_std: bool,
+    epsilon: float,
+) -> list[torch.Tensor]:
+    """``grpo``/``rloo`` when episodes are split into several trajectories: the group's
+    statistics count each episode once, with its reward (which every one of its trajectories
+    carries), and each trajectory gets its episode's score on its own loss tokens. Counting
+    samples instead would weigh an episode by how many turns it split into."""
+    episode_of: list[int] = []  # per trajectory, flattened: its episode's position
+    rewards: list[float] = []
+    group_of: list[int] = []
+    seen: dict[tuple[int, int], int] = {}
+    for gi, g in enumerate(groups):
+        for t in g.trajectories:
+            key = (gi, t.sample_index)
+            if key not in seen:
+                seen[key] = len(rewards)
+                rewards.append(t.reward)
+                group_of.append(gi)
+            episode_of.append(seen[key])
+    gid = _group_ids(group_of, torch.device("cpu"))
+    scores = _group_scores(torch.tensor(rewards), gid, mode, norm_by_std, epsilon)
+    trajs = [t for g in groups for t in g.trajectories]
+    return [
+        scores[episode_of[i]] * torch.tensor(trajs[i].loss_mask, dtype=torch.float32) for i in rows
+    ]
+
+
 @dataclass(frozen=True)
 class KlInReward:
     """verl's ``use_kl_in_reward``: each loss token's reward loses ``coef·KL(logprobs ‖ ref)``.
@@ -186,7 +223,9 @@ def trajectory_advantages(
     Rewards are outcome rewards (``Trajectory.reward``) placed on the last loss token; positions
     with ``loss_mask`` 0 (prompt, observations) get 0. Group statistics use every trajectory of a
     group, kept or not (a failed one scores its reward, 0), as in verl.
-    ``turn_rloo`` uses each turn's reward instead (:func:`turn_rloo_advantages`).
+    ``turn_rloo`` uses each turn's reward instead (:func:`turn_rloo_advantages`). With
+    ``grpo``/``rloo``, an episode split into several trajectories counts once in its group's
+    statistics (:func:`_episode_outcome_advantages`).
     """
     if mode in TURN_ESTIMATORS:
         if kl is not None:
@@ -201,6 +240,8 @@ def trajectory_advantages(
     rows = range(len(trajs)) if keep is None else keep
     if not trajs:
         return []
+    if mode in ("grpo", "rloo") and kl is None and _split_episodes(groups):
+        return _episode_outcome_advantages(groups, mode, rows, norm_by_std, epsilon)
     width = max(len(t.token_ids) for t in trajs)
     mask_BT = torch.zeros(len(trajs), width)
     for i, t in enumerate(trajs):

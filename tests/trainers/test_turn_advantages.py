@@ -108,6 +108,19 @@ def test_turn_rewards_are_recorded_and_reported() -> None:
     assert m["rollout/tool_episode_frac"] == 0.0 and m["rollout/turns_mean"] == 1.5
 
 
+def test_an_episode_split_into_samples_counts_once_in_its_groups_outcome_statistics() -> None:
+    """``thinking=strip`` (or proxy segments): episode a is three samples with reward 1, b one
+    with reward 0. GRPO's group mean is over episodes (0.5), not samples (0.75)."""
+    a = [_traj("t", 0, [1.0], [2]) for _ in range(3)]
+    b = _traj("t", 1, [0.0], [2])
+    group = [TrajectoryGroup(Task("t"), (*a, b))]
+    for mode, want_a, want_b in (("grpo", 0.5, -0.5), ("rloo", 1.0, -1.0)):
+        adv = trajectory_advantages(group, mode, norm_by_std=False)
+        for sample in adv[:3]:
+            assert sample.tolist() == [0, 0, want_a, want_a, 0], mode
+        assert adv[3].tolist() == [0, 0, want_b, want_b, 0], mode
+
+
 # ---------------------------------------------------------------------- training runs
 NUM_TASKS = 4
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
