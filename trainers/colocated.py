@@ -24,6 +24,7 @@ import torch
 from agentloop.engines.base import SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.trainers.packing import TrainSeq
+from agentloop.trainers.weight_push import buckets, stream
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 from agentloop.types import Completion
 
@@ -173,18 +174,23 @@ class ColocatedWorker:
         policy ``version``; ``interrupt`` aborts running requests and resumes them on the new
         weights (partial rollouts) instead of waiting for them.
 
-        The gathered tensors (in the engine's dtype when the config names one) are held until
-        the engine has loaded them: peak extra memory is one full copy of the weights."""
+        The gather (in the engine's dtype when the config names one) streams into the engine,
+        which loads it chunk by chunk (``engine.weight_chunk_bytes``): the extra memory is a
+        chunk and its packed copy, whatever the model's size."""
         if self.engine is None:
             return {}
         dtype = _ENGINE_DTYPES.get(str((self.spec.engine or {}).get("dtype", "auto")))
-        named = await self._torch(
-            lambda: list(self._policy().state_dict_for_inference(dtype=dtype))
+        gathered = stream(
+            buckets(self._policy().state_dict_for_inference(dtype=dtype)), self._torch
         )
-        stats = await self.engine.update_weights(named, version=version, interrupt=interrupt)
+        try:
+            stats = await self.engine.update_weights(gathered, version=version, interrupt=interrupt)
+        finally:
+            await gathered.aclose()  # a failed load still takes part in every gather
         return {
             "sync/bytes": float(stats.num_bytes),
             "sync/tensors": float(stats.num_tensors),
+            "sync/chunks": float(stats.chunks),
             "sync/engine_load_s": stats.load_s,
         }
 

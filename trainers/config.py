@@ -514,6 +514,9 @@ class EngineConfig:
     """Seconds an engine may take to shut down before it is killed."""
     weight_sync_timeout_s: float = VLLMConfig.weight_sync_timeout_s
     """Seconds a weight reload may take before it fails."""
+    weight_chunk_bytes: int = VLLMConfig.weight_chunk_bytes
+    """Weight syncs load in chunks of about this many bytes, cut between transformer blocks:
+    their extra GPU memory is about two chunks, whatever the model's size."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``)."""
 

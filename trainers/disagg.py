@@ -71,10 +71,16 @@ class RolloutWorker:
         )
 
     async def receive_weights(self, version: int, interrupt: bool) -> dict[str, float]:
-        """Receive one push and load it into the engine as policy ``version``."""
-        named = await asyncio.to_thread(self._push.receive)
-        self._push = None
-        stats = await self.engine.update_weights(named, version=version, interrupt=interrupt)
+        """Receive one push and load it into the engine as policy ``version``, bucket by
+        bucket as it arrives (the engine's chunks bound the memory, not the model's size)."""
+        from agentloop.trainers.weight_push import stream
+
+        push, self._push = self._push, None
+        received = stream(push.receive(), asyncio.to_thread)
+        try:
+            stats = await self.engine.update_weights(received, version=version, interrupt=interrupt)
+        finally:
+            await received.aclose()  # a failed load still receives the rest of the push
         return {"sync/engine_load_s": stats.load_s, "sync/tensors": float(stats.num_tensors)}
 
     def ping(self) -> int:

@@ -6,12 +6,11 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import itertools
 import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -101,6 +100,11 @@ class VLLMConfig:
     """Seconds the engine may take to shut down before it is killed (> 0)."""
     weight_sync_timeout_s: float = 600.0
     """Seconds a weight reload may take before it fails (> 0)."""
+    weight_chunk_bytes: int = 1 << 30
+    """A weight update is loaded in chunks of about this many bytes, cut between transformer
+    blocks (a block larger than this is a chunk alone): the update's extra memory on the
+    sender's device is about twice a chunk (the chunk and its packed copy), whatever the
+    model's size (> 0)."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``); not the
     ones VLLMEngine sets itself (the model directory among them)."""
@@ -124,7 +128,7 @@ def check_settings(s: Any, section: str) -> None:
         value = getattr(s, name)
         if value is not None and value < 1:
             raise ConfigError(f"{section}.{name} must be >= 1, got {value}")
-    for name in ("shutdown_timeout_s", "weight_sync_timeout_s"):
+    for name in ("shutdown_timeout_s", "weight_sync_timeout_s", "weight_chunk_bytes"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{section}.{name} must be positive, got {getattr(s, name)}")
     if not 0 < s.gpu_memory_utilization <= 1:
@@ -174,6 +178,7 @@ class WeightSyncStats:
     load_s: float
     total_s: float
     direct: bool = False  # cuda_ipc's verified fast path (plain copies) instead of load_weights
+    chunks: int = 1  # loads of at most ``weight_chunk_bytes`` each
 
 
 class VLLMEngine:
@@ -403,7 +408,8 @@ class VLLMEngine:
     # ------------------------------------------------------------------ weights and memory
     async def update_weights(
         self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        named_tensors: Iterable[tuple[str, torch.Tensor]]
+        | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
         *,
         transport: WeightTransport | None = None,
         version: int | None = None,
@@ -413,6 +419,11 @@ class VLLMEngine:
         a subset is fine) and reset the prefix cache. ``transport`` overrides
         ``config.weight_transport`` for this call; ``version`` becomes :attr:`version`.
 
+        ``named_tensors`` is ``(name, tensor)`` pairs, or an async iterable of lists of them (a
+        trainer's gather, a push being received), read only once the update has started. The
+        workers load it in chunks of at most ``config.weight_chunk_bytes``: the extra memory
+        of an update is a chunk (and its packed copy), never a copy of the model.
+
         New requests wait until the weights are loaded. Requests running when the update starts
         are waited for (``interrupt=False``), or aborted at a token boundary and resumed under
         the new weights with what they sampled so far (``interrupt=True``: partial rollouts).
@@ -421,20 +432,54 @@ class VLLMEngine:
         transport = transport or self.config.weight_transport
         if transport not in _TRANSPORTS:
             raise ConfigError(f"weight transport {transport!r} is not one of {_TRANSPORTS}")
-        stream = iter(named_tensors)
-        first = next(stream, None)
-        if first is None:
-            raise ConfigError("update_weights got no tensors")
-        stream = itertools.chain([first], stream)
-        if transport == "auto":
-            transport = "cuda_ipc" if first[1].is_cuda else "file"
+
+        async def abort_running() -> None:
+            await llm.abort(list(self._live))
+
         t0 = time.perf_counter()
-        packed = await self._pack(stream, transport)
+        async with self._gate.update(abort_running if interrupt else None):
+            loads = [
+                await self._load_chunk(llm, chunk, transport)
+                async for chunk in _chunks(named_tensors, self.config.weight_chunk_bytes)
+            ]
+            if not loads:
+                raise ConfigError("update_weights got no tensors")
+            await llm.reset_prefix_cache(reset_running_requests=True)
+            if version is not None:
+                self._gate.version = version
+        stats = WeightSyncStats(
+            num_tensors=sum(x.num_tensors for x in loads),
+            num_bytes=sum(x.num_bytes for x in loads),
+            serialize_s=sum(x.serialize_s for x in loads),
+            load_s=sum(x.load_s for x in loads),
+            total_s=time.perf_counter() - t0,
+            direct=all(x.direct for x in loads),
+            chunks=len(loads),
+        )
+        log.info(
+            "updated %d tensors (%.1f MB in %d chunks, %s) in %.3f s",
+            stats.num_tensors,
+            stats.num_bytes / 1e6,
+            stats.chunks,
+            transport,
+            stats.total_s,
+        )
+        return stats
+
+    async def _load_chunk(
+        self, llm: Any, chunk: Sequence[tuple[str, torch.Tensor]], transport: str
+    ) -> WeightSyncStats:
+        """Pack one chunk for ``transport`` (``auto``: by where its tensors are) and have every
+        worker load it; the packed copy is freed before the next chunk is packed."""
+        if transport == "auto":
+            transport = "cuda_ipc" if chunk[0][1].is_cuda else "file"
+        t0 = time.perf_counter()
+        packed = await self._pack(chunk, transport)
         t1 = time.perf_counter()
         try:
-            results = await self._load(llm, packed, version, interrupt)
-        except InferenceError:
-            raise
+            results: list[Any] = await llm.collective_rpc(
+                packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
+            )
         except Exception as e:
             raise InferenceError(
                 f"weight update of {packed.num_tensors} tensors failed in vLLM: "
@@ -442,43 +487,17 @@ class VLLMEngine:
             ) from e
         finally:
             packed.release()
-        t2 = time.perf_counter()
-        stats = WeightSyncStats(
+        return WeightSyncStats(
             num_tensors=packed.num_tensors,
             num_bytes=packed.num_bytes,
             serialize_s=t1 - t0,
             load_s=max(r["seconds"] for r in results),
-            total_s=t2 - t0,
+            total_s=time.perf_counter() - t0,
             direct=all(r.get("direct", 0.0) for r in results),
         )
-        log.info(
-            "updated %d tensors (%.1f MB, %s) in %.3f s",
-            stats.num_tensors,
-            stats.num_bytes / 1e6,
-            transport,
-            stats.total_s,
-        )
-        return stats
-
-    async def _load(
-        self, llm: Any, packed: _PackedWeights, version: int | None, interrupt: bool
-    ) -> list[Any]:
-        """Load ``packed`` once no request runs (interrupted or drained, see ``WeightGate``)."""
-
-        async def abort_running() -> None:
-            await llm.abort(list(self._live))
-
-        async with self._gate.update(abort_running if interrupt else None):
-            results: list[Any] = await llm.collective_rpc(
-                packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
-            )
-            await llm.reset_prefix_cache(reset_running_requests=True)
-            if version is not None:
-                self._gate.version = version
-        return results
 
     async def _pack(
-        self, stream: Iterable[tuple[str, torch.Tensor]], transport: str
+        self, stream: Sequence[tuple[str, torch.Tensor]], transport: str
     ) -> _PackedWeights:
         """Turn the tensors into the argument of the worker method that ``transport`` names."""
         from agentloop.engines.vllm_ext import (
@@ -550,6 +569,50 @@ class VLLMEngine:
 
 
 # ---------------------------------------------------------------------- helpers
+async def _chunks(
+    named: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
+    limit: int,
+) -> AsyncIterator[list[tuple[str, torch.Tensor]]]:
+    """``named`` in consecutive chunks of about ``limit`` bytes, read one tensor (or one group
+    of an async source) ahead. A chunk ends only between blocks (:func:`_block`): vLLM
+    processes a fused layer (``qkv_proj``, ``gate_up_proj``) once per reload, from the parts that
+    reload gave it, so a block split across two reloads would keep garbage in its other parts."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    async for name, tensor in _pairs(named):
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > limit and _block(name) != _block(chunk[-1][0]):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+def _block(name: str) -> str:
+    """The block a checkpoint tensor belongs to: its path up to the first index
+    (``model.layers.3.mlp.up_proj.weight`` → ``model.layers.3``), else its module
+    (``model.embed_tokens.weight`` → ``model.embed_tokens``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1])
+
+
+async def _pairs(
+    named: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
+) -> AsyncIterator[tuple[str, torch.Tensor]]:
+    if isinstance(named, AsyncIterable):
+        async for group in named:
+            for pair in group:
+                yield pair
+    else:
+        for pair in named:
+            yield pair
+
+
 def _vllm_sampling(sampling: SamplingParams) -> Any:
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind

@@ -17,12 +17,11 @@ Imported inside vLLM's worker processes: this module imports only torch and safe
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,15 +221,15 @@ class CudaIpcBuffer:
     handle and layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the
     engine's process. Keep the object alive until that call has returned.
 
-    The buffer is laid out from the checkpoint's ``shapes`` before the first tensor arrives, so a
-    stream of freshly gathered tensors is copied (and cast) into place one by one: one extra copy
-    of the weights in ``dtype``, never a second one in the trainer's precision."""
+    Each tensor is checked against the checkpoint's ``shapes`` and copied (and cast) into its
+    aligned slot: the buffer is one copy of ``named_tensors`` in ``dtype`` (one chunk of an
+    update, see ``VLLMEngine.update_weights``), never a second one in the trainer's precision."""
 
     _ALIGN = 256  # bytes; every view starts aligned for any dtype
 
     def __init__(
         self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        named_tensors: Sequence[tuple[str, torch.Tensor]],
         shapes: Mapping[str, tuple[int, ...]],
         dtype: torch.dtype,
     ) -> None:
@@ -238,35 +237,39 @@ class CudaIpcBuffer:
 
         if not shapes:
             raise ConfigError("cuda_ipc weight transport needs the checkpoint's tensor shapes")
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        slots, offset = {}, 0
-        for name, shape in shapes.items():
-            nbytes = itemsize * math.prod(shape)
-            slots[name] = (offset, nbytes, shape)
-            offset += -(-nbytes // self._ALIGN) * self._ALIGN
-        self.buffer: torch.Tensor | None = None
-        layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
-        for name, tensor in named_tensors:
-            _check_against_checkpoint(name, tuple(tensor.shape), shapes)
-            if not (tensor.is_cuda and tensor.is_floating_point()):
-                raise ConfigError(
-                    f"cuda_ipc weight transport needs floating-point CUDA tensors; {name!r} is "
-                    f"{tensor.dtype} on {tensor.device}"
-                )
-            if self.buffer is None:
-                self.buffer = torch.empty(offset, dtype=torch.uint8, device=tensor.device)
-            off, nbytes, shape = slots.pop(name, (None, 0, ()))
-            if off is None:
-                raise ConfigError(f"update_weights got tensor {name!r} twice")
-            self.buffer[off : off + nbytes].view(dtype).view(shape).copy_(tensor)
-            layout.append((name, str(dtype).removeprefix("torch."), shape, off, nbytes))
-        if self.buffer is None:
+        if not named_tensors:
             raise ConfigError("update_weights got no tensors")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        offset = 0
+        for name, tensor in named_tensors:
+            _check_cuda_tensor(name, tensor, shapes)
+            if any(entry[0] == name for entry in layout):
+                raise ConfigError(f"update_weights got tensor {name!r} twice")
+            nbytes = itemsize * tensor.numel()
+            layout.append(
+                (name, str(dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
+            )
+            offset += -(-nbytes // self._ALIGN) * self._ALIGN
+        self.buffer = torch.empty(offset, dtype=torch.uint8, device=named_tensors[0][1].device)
+        for (_, _, shape, off, nbytes), (_, tensor) in zip(layout, named_tensors, strict=True):
+            self.buffer[off : off + nbytes].view(dtype).view(shape).copy_(tensor)
         torch.cuda.synchronize(self.buffer.device)
         self.num_tensors = len(layout)
         self.num_bytes = sum(entry[4] for entry in layout)
         uuid = str(torch.cuda.get_device_properties(self.buffer.device).uuid)
         self.payload = pickle.dumps((reduce_tensor(self.buffer), layout, uuid))
+
+
+def _check_cuda_tensor(
+    name: str, tensor: torch.Tensor, shapes: Mapping[str, tuple[int, ...]]
+) -> None:
+    _check_against_checkpoint(name, tuple(tensor.shape), shapes)
+    if not (tensor.is_cuda and tensor.is_floating_point()):
+        raise ConfigError(
+            f"cuda_ipc weight transport needs floating-point CUDA tensors; {name!r} is "
+            f"{tensor.dtype} on {tensor.device}"
+        )
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], directory: str) -> str:

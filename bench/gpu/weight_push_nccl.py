@@ -58,7 +58,7 @@ def member(rank: int, port: int, size: str, repeats: int, out: Any) -> None:
     for _ in range(repeats + 1):  # the first push warms NCCL up and is not timed
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        got = group.send(weights) if rank == 0 else group.receive()
+        got = group.send(weights) if rank == 0 else [x for b in group.receive() for x in b]
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         if rank == 1:

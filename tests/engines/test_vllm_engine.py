@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -234,14 +236,25 @@ async def _mean_delta(engine: Any, model: Any, batch: list[list[int]], ref_fn: A
     return sum(deltas) / len(deltas)
 
 
-@pytest.mark.parametrize("transport", ["file", "bytes"])
+async def _groups(named: dict[str, Any]) -> AsyncIterator[list[tuple[str, Any]]]:
+    """An async source in groups of two tensors, as a trainer's gather or a push arrives."""
+    items = list(named.items())
+    for i in range(0, len(items), 2):
+        await asyncio.sleep(0)
+        yield items[i : i + 2]
+
+
+@pytest.mark.parametrize("transport", ["file", "bytes", "file-chunked"])
 async def test_update_weights_matches_perturbed_hf(
     vllm_engine: Any,
     tiny_model_dir: Path,
     hf_logprobs: Any,
     transport: str,
     record_property: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Every transport, and an async source loaded in many chunks (1 MiB each), gives the
+    perturbed model's logprobs."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -257,9 +270,17 @@ async def test_update_weights_matches_perturbed_hf(
     batch = prompts(3, seed=31, lo=60, hi=100)  # several KV blocks: stale prefixes would show
 
     assert await _mean_delta(vllm_engine, hf, batch, hf_logprobs) < 1e-4
+    chunked = transport == "file-chunked"
+    if chunked:
+        small = dataclasses.replace(vllm_engine.config, weight_chunk_bytes=1 << 20)
+        monkeypatch.setattr(vllm_engine, "config", small)
+    source = _groups(perturbed) if chunked else perturbed.items()
     try:
-        stats = await vllm_engine.update_weights(perturbed.items(), transport=transport)
+        stats = await vllm_engine.update_weights(
+            source, transport=transport.removesuffix("-chunked")
+        )
         assert stats.num_tensors == len(perturbed)
+        assert (stats.chunks > 1) == chunked
         record_property("weight_sync", repr(stats))
         print(f"{transport}: {stats}")
         assert await _mean_delta(vllm_engine, hf_perturbed, batch, hf_logprobs) < 1e-4

@@ -34,6 +34,7 @@ pytest.importorskip("ray")
 GIB = 1 << 30
 KV_CACHE = 2 * GIB  # per engine: large enough that sleeping it shows in the GPU's memory
 BF16_SCORE = 0.1  # max |engine − trainer| logprob, bf16 engine vs bf16-compute trainer
+CHUNK = 1 << 20  # weight syncs of the tiny model (~3 MB in bf16) load in several chunks
 
 
 def gpu_overrides(model: Path, out: Path) -> list[str]:
@@ -42,7 +43,7 @@ def gpu_overrides(model: Path, out: Path) -> list[str]:
     return [
         *cpu_overrides(model, out), "actor.device=cuda", "actor.dtype=bfloat16", "actor.lr=1e-2",
         "engine.dtype=bfloat16", f"engine.kv_cache_memory_bytes={KV_CACHE}",
-        "data.env_kwargs.sandbox=fake",
+        f"engine.weight_chunk_bytes={CHUNK}", "data.env_kwargs.sandbox=fake",
     ]  # fmt: skip
 
 
@@ -111,6 +112,7 @@ def test_every_replica_gets_the_new_weights_after_every_step(gpu_run: GpuRun) ->
     assert sorted(gpu_run.sync) == list(range(1, STEPS + 1))
     for step, replicas in gpu_run.sync.items():
         assert metrics[step]["actor/grad_norm"] > 0
+        assert metrics[step]["sync/chunks"] > 1  # loaded chunk by chunk
         for diff, moved in replicas:
             assert diff < BF16_SCORE, (step, replicas)  # scores like the trainer now
             assert moved > 2 * diff, (step, replicas)  # and not like the initial weights
@@ -141,15 +143,20 @@ def test_the_last_step_replayed_on_one_gpu_gives_the_same_loss_and_grad_norm(
         assert one[key] == pytest.approx(many[key], rel=2e-2, abs=1e-4), key
 
 
-def test_disaggregated_rollouts_on_their_own_gpu_get_the_weights_over_nccl(
-    local_ray: None, train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_disaggregated_rollouts_on_their_own_gpus_get_the_weights_over_nccl(
+    local_ray: None, train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path, tp: int
 ) -> None:
+    """A trainer GPU and a rollout worker whose engine spans ``tp`` GPUs (tensor parallel):
+    the push streams over NCCL in buckets and the engine loads it chunk by chunk."""
+    if torch.cuda.device_count() < 1 + tp:
+        pytest.skip(f"needs {1 + tp} CUDA GPUs")
     out = tmp_path / "disagg"
     overrides = [
         *gpu_overrides(tiny_model_dir, out), "trainer.placement=ray", "trainer.num_workers=1",
         "trainer.rollout_workers=1", "trainer.mode=async", "trainer.max_staleness=1",
-        "actor.tis_cap=2.0",
-        "trainer.val_every=0",
+        "actor.tis_cap=2.0", "trainer.val_every=0",
+        f"engine.tensor_parallel_size={tp}", f"ray.gpus_per_rollout_worker={tp}",
     ]  # fmt: skip
     seen: dict[str, Any] = {}
 

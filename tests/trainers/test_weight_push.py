@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from agentloop.trainers.weight_push import TensorMeta, open_push_group, plan_buckets
+from agentloop.trainers.weight_push import buckets, open_push_group, stream
 
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
@@ -22,11 +23,39 @@ def _weights() -> list[tuple[str, torch.Tensor]]:
     ]
 
 
+def _names(groups: Iterator[list[tuple[str, torch.Tensor]]]) -> list[list[str]]:
+    return [[name for name, _ in bucket] for bucket in groups]
+
+
 def test_buckets_group_consecutive_tensors_of_one_dtype_up_to_the_size() -> None:
-    meta = [TensorMeta(n, tuple(t.shape), str(t.dtype)) for n, t in _weights()]
     # 512 B buckets: a (512 B) alone, a.bias (64 B) starts the next; bf16 and c alone
-    assert plan_buckets(meta, 512) == [[0], [1], [2], [3], [4]]
-    assert plan_buckets(meta, 1 << 20) == [[0, 1], [2], [3, 4]]
+    assert _names(buckets(_weights(), 512)) == [
+        ["a.weight"],
+        ["a.bias"],
+        ["b.weight"],
+        ["c.weight"],
+        ["d.scale"],
+    ]
+    assert _names(buckets(_weights(), 1 << 20)) == [
+        ["a.weight", "a.bias"],
+        ["b.weight"],
+        ["c.weight", "d.scale"],
+    ]
+
+
+def test_buckets_read_the_tensors_lazily_one_bucket_ahead_at_most() -> None:
+    """What bounds a push's memory: the sender gathers a tensor only when its bucket fills."""
+    pulled: list[str] = []
+
+    def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in _weights():
+            pulled.append(name)
+            yield name, tensor
+
+    seen = []
+    for bucket in buckets(gathered(), 512):
+        seen += [name for name, _ in bucket]
+        assert len(pulled) <= len(seen) + 1, (pulled, seen)
 
 
 def _member(rank: int, port: int, out: Any) -> None:
@@ -34,7 +63,7 @@ def _member(rank: int, port: int, out: Any) -> None:
     if rank == 0:
         out.put((rank, group.send(_weights(), bucket_bytes=600)))
     else:
-        got = group.receive(bucket_bytes=600)
+        got = [item for bucket in group.receive() for item in bucket]
         out.put((rank, [(n, t.dtype, t.tolist()) for n, t in got]))
 
 
@@ -57,3 +86,22 @@ def test_a_push_reaches_every_receiver_intact() -> None:
     expected = [(n, t.dtype, t.tolist()) for n, t in _weights()]
     assert results[0] == sum(t.numel() * t.element_size() for _, t in _weights())
     assert results[1] == expected and results[2] == expected
+
+
+async def test_a_stream_closed_early_still_reads_every_group() -> None:
+    """A consumer that fails mid-update (the engine's load raised) must not strand its peers
+    in a half-done gather or push: closing the stream reads the rest of the groups."""
+    read: list[int] = []
+
+    def groups() -> Iterator[int]:
+        for i in range(5):
+            read.append(i)
+            yield i
+
+    async def run(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    source = stream(groups(), run)
+    assert await anext(source) == 0
+    await source.aclose()
+    assert read == [0, 1, 2, 3, 4]
