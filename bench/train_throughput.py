@@ -44,7 +44,7 @@ from agentloop.trainers.losses import agg_loss, policy_loss
 from agentloop.trainers.packing import TrainSeq, pad
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
-# Shapes: the tiny test model, and Qwen2.5-0.5B / 1.5B (random init, nothing downloaded).
+# Shapes: the tiny test model, and Qwen2.5-0.5B / 1.5B / 7B (random init, nothing downloaded).
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -54,6 +54,8 @@ SIZES: dict[str, dict[str, Any]] = {
     "1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
                  num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  tie_word_embeddings=True),
+    "7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
 }  # fmt: skip
 MODES = ("packed", "padded", "padded-sorted")
 

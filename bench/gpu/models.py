@@ -8,12 +8,18 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-# Shapes of Qwen2.5-0.5B and Qwen2.5-1.5B (vocab, widths, depths, GQA, tied embeddings).
+# Shapes of Qwen2.5-0.5B/1.5B (tied embeddings) and Qwen2.5-7B/32B (untied, a larger vocab).
 SIZES: dict[str, dict[str, object]] = {
-    "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2),
-    "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2),
+    "0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                 num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 tie_word_embeddings=True),
+    "7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "32B": dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
+                tie_word_embeddings=False),
 }  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "vocab.json", "merges.txt")  # fmt: skip
@@ -21,8 +27,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def qwen2_config(size: str, max_len: int = 16384) -> Qwen2Config:
     return Qwen2Config(
-        vocab_size=151936, max_position_embeddings=max_len, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, torch_dtype="bfloat16", **SIZES[size],
+        max_position_embeddings=max_len, rope_theta=1e6, rms_norm_eps=1e-6,
+        torch_dtype="bfloat16", **SIZES[size],
     )  # fmt: skip
 
 
@@ -32,15 +38,26 @@ def num_params(config: Qwen2Config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_model_dir(size: str, dest: Path, tokenizer_dir: Path) -> Path:
+def make_model_dir(size: str, dest: Path, tokenizer_dir: Path, max_len: int = 16384) -> Path:
     """Save a seeded random-init model of ``size`` (bf16 safetensors) with the tokenizer of
-    ``tokenizer_dir`` (its ids are a subset of the model's vocab). Reused when present."""
+    ``tokenizer_dir`` (its ids are a subset of the model's vocab). Reused when present.
+
+    Built on the GPU when there is one (a 7B initialises in seconds there, minutes on a CPU);
+    the seed fixes the weights per device kind, not across CPU and GPU."""
     if (dest / "config.json").exists():
         return dest
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(qwen2_config(size), dtype=torch.bfloat16)
-    model.save_pretrained(dest)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with device:
+        model = AutoModelForCausalLM.from_config(qwen2_config(size, max_len), dtype=torch.bfloat16)
+    tmp = dest.with_name(dest.name + ".partial")  # a killed save leaves no dir that looks done
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, dest / name)
+            shutil.copy(tokenizer_dir / name, tmp / name)
+    tmp.rename(dest)
     return dest

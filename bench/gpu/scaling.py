@@ -1,13 +1,16 @@
 """Data-parallel scaling of the FSDP2 train step: 1, 2, 4, … GPUs on one fixed global batch.
 
-For each world size W (1 and each power of two up to the GPUs present), W ranks joined over NCCL
-(``run_local_ranks``) each build a ``PolicyWorker`` of the shape (``--model-size``, default 1.5B,
-bf16 compute, fp32 master weights), take their share of the same global batch the way the trainer
-shards it (``shard_indices``), and time ``train_step``. Per W it prints the step time (slowest
-rank), tokens/s, MFU (model FLOPs per step / step time / (peak × W), the peak a dense bf16 matmul
-measured in this run) and peak memory per GPU, next to the ceiling: W × the 1-GPU tokens/s.
+For each world size W (``--worlds``; default 1 and each power of two up to the GPUs present),
+W ranks joined over NCCL (``run_local_ranks``) each build a ``PolicyWorker`` of the shape
+(``--model-size``, default 1.5B, bf16 compute, fp32 master weights), take their share of the same
+global batch the way the trainer shards it (``shard_indices``), and time ``train_step``. Per W
+it prints the step time (slowest rank), tokens/s, MFU (model FLOPs per step / step time / (peak
+× W), the peak a dense bf16 matmul measured in this run) and peak memory per GPU, next to the
+ceiling: linear scaling from the smallest world run, W / W₀ × the W₀-GPU tokens/s (W₀ = 1 by
+default; a 7B does not fit one 80 GB GPU, so ``--worlds 2,4`` measures it against 2 GPUs).
 
     python bench/gpu/scaling.py --out scaling.json           # on the GPU machine, after setup.sh
+    python bench/gpu/scaling.py --model-size 7B --worlds 2,4 --out scaling_7b.json
 """
 
 from __future__ import annotations
@@ -63,15 +66,30 @@ def _rank(rank: int, world: int, size: str, lengths: list[int], opts: dict[str, 
     }
 
 
+def world_list(spec: str) -> list[int]:
+    """``--worlds``: GPU counts such as ``4`` or ``2,4``, sorted."""
+    try:
+        worlds = sorted({int(w) for w in spec.split(",")})
+    except ValueError:
+        msg = f"{spec!r} is not a comma-separated list of GPU counts"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not worlds or worlds[0] < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: GPU counts must be >= 1")
+    return worlds
+
+
 def scale(args: argparse.Namespace) -> dict[str, Any]:
     gpus = torch.cuda.device_count()
-    worlds = [w for w in (1, 2, 4, 8) if w <= gpus]
+    worlds = args.worlds or [w for w in (1, 2, 4, 8) if w <= gpus]
+    if worlds[-1] > gpus:
+        raise SystemExit(f"--worlds {worlds}: only {gpus} GPU(s) present")
     lengths = lognormal_lengths(args.num_seqs, args.median_len, 0.9, 16, 8192, args.seed)
     flops = model_flops(_config(args.model_size), lengths)
     peak = matmul_peak_tflops(torch.device("cuda"))
     opts = {"seed": args.seed, "warmup": args.warmup_steps, "steps": args.steps,
             "activation_checkpointing": args.activation_checkpointing == "on",
             "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch}  # fmt: skip
+    print(f"worlds {worlds}; ceiling: linear from {worlds[0]} GPU(s)", flush=True)
     rows = []
     for world in worlds:
         ranks = run_local_ranks(_rank, world, args.model_size, lengths, opts,
@@ -83,13 +101,14 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "peak_mem_GiB": max(r["peak_mem_GiB"] for r in ranks),
             "tokens_per_rank": [r["tokens"] for r in ranks],
         })  # fmt: skip
-        one = rows[0]["tokens_per_s"]
-        rows[-1]["ceiling_tokens_per_s"] = one * world
-        rows[-1]["scaling_efficiency"] = rows[-1]["tokens_per_s"] / (one * world)
+        ceiling = rows[0]["tokens_per_s"] * world / worlds[0]  # linear from the smallest world
+        rows[-1]["ceiling_tokens_per_s"] = ceiling
+        rows[-1]["scaling_efficiency"] = rows[-1]["tokens_per_s"] / ceiling
         print(_row(rows[-1]), flush=True)
     return {
         "device": torch.cuda.get_device_name(), "gpus": gpus, "model_size": args.model_size,
         "peak_tflops": peak, "step_flops": flops, "batch_tokens": sum(lengths),
+        "ceiling_base_gpus": worlds[0],
         "num_seqs": len(lengths), "args": {k: str(v) for k, v in vars(args).items()},
         "rows": rows,
     }  # fmt: skip
@@ -104,6 +123,9 @@ def _row(r: dict[str, Any]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model-size", choices=tuple(SIZES), default="1.5B")
+    p.add_argument("--worlds", type=world_list, default=None,
+                   help="GPU counts to run, e.g. 4 or 2,4 (default: 1, 2, 4, … up to the GPUs "
+                        "present); the ceiling is linear from the smallest")  # fmt: skip
     p.add_argument("--num-seqs", type=int, default=64, help="global batch (sequences)")
     p.add_argument("--median-len", type=int, default=1024, help="log-normal median length")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
