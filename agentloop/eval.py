@@ -31,6 +31,7 @@ from agentloop.eval_report import (
     TRAJECTORIES_FILE,
     EvalSummary,
     is_final_segment,
+    read_episodes,
     read_run,
     summarize,
 )
@@ -306,9 +307,9 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
     finally:
         bar.close()
     elapsed = time.perf_counter() - started
-    records = [r for r in read_run(config.out) if (r["task_id"], r["sample_index"]) in wanted]
+    episodes = [e for e in read_episodes(config.out) if e.key in wanted]
     summary = summarize(
-        records,
+        episodes,
         env=config.env,
         model=config.model,
         split=config.split,

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,16 +29,20 @@ __all__ = [
     "SUMMARY_FILE",
     "TRAJECTORIES_FILE",
     "Comparison",
+    "EvalEpisode",
     "EvalSummary",
     "compare_runs",
+    "group_episodes",
     "is_final_segment",
     "print_comparison",
     "print_summary",
+    "read_episodes",
     "read_run",
     "summarize",
 ]
 
-#: The files of a run directory: one JSON line per episode, the run's settings, its summary.
+#: The files of a run directory: one JSON line per episode (per segment of an episode written as
+#: several, see :class:`EvalEpisode`), the run's settings, its summary.
 TRAJECTORIES_FILE = "trajectories.jsonl"
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
@@ -112,7 +116,7 @@ def _nan_to_none(value: Any) -> Any:
 
 
 def summarize(
-    records: Sequence[Mapping[str, Any]],
+    episodes: Sequence[EvalEpisode],
     *,
     env: str,
     model: str,
@@ -123,18 +127,21 @@ def summarize(
     tokens_per_s: float | None = None,
     elapsed_s: float = 0.0,
 ) -> EvalSummary:
-    """The summary of eval records: trajectory dicts, with ``answer_key``/``answer_correct``
-    extras where the env's answers are extractable (majority@n)."""
-    trajs = [trajectory_from_dict(r) for r in records]
-    if not trajs:
+    """The summary of a run's episodes (:func:`read_episodes`). Their final records may hold
+    ``answer_key``/``answer_correct`` extras where the env's answers are extractable
+    (majority@n). Turns, tool calls and response tokens count every segment of an episode."""
+    if not episodes:
         raise ConfigError("no trajectories to summarize; did the run play any episode?")
+    played = [tuple(trajectory_from_dict(r) for r in e.segments) for e in episodes]
+    finals = [segs[-1] for segs in played]  # reward, stop reason, error: the episode's
+    records = [e.final for e in episodes]
     by_task: defaultdict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
+    for t in finals:
         by_task[t.task_id].append(t)
     success = [(len(g), sum(t.reward >= pass_threshold for t in g)) for g in by_task.values()]
-    calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajs)
+    calls = sum(t.metrics.get("tool_calls", 0.0) for segs in played for t in segs)
     kinds: Counter[str] = Counter()
-    for t in trajs:
+    for t in finals:  # env metrics: every segment carries the whole episode's
         kinds.update(
             {
                 k.removeprefix("tool_error/"): v
@@ -143,14 +150,14 @@ def summarize(
             }
         )
     has_answers = any("answer_key" in r for r in records)
-    tool_failed = [t for t in trajs if t.service_failed and not t.failed]
+    tool_failed = [segs for segs in played if segs[-1].service_failed and not segs[-1].failed]
     return EvalSummary(
         env=env,
         model=model,
         split=split,
         config_hash=config_hash,
         tasks=len(by_task),
-        episodes=len(trajs),
+        episodes=len(finals),
         samples_per_task=samples_per_task,
         reward=mean_ci([sum(t.reward for t in g) / len(g) for g in by_task.values()]),
         pass_at_k={k: mean_pass_at_k(success, k) for k in pass_at_k_values(samples_per_task)},
@@ -158,17 +165,17 @@ def summarize(
         answer_rate=_mean([r.get("answer_key") is not None for r in records])
         if has_answers
         else None,
-        mean_turns=_mean([len(t.turns) for t in trajs]),
-        tool_calls_per_episode=calls / len(trajs),
+        mean_turns=_mean([sum(len(t.turns) for t in segs) for segs in played]),
+        tool_calls_per_episode=calls / len(finals),
         tool_error_rate=sum(kinds.values()) / calls if calls else 0.0,
         tool_errors={k: v / calls for k, v in sorted(kinds.items())} if calls else {},
-        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs).most_common()),
-        errors=_first_errors(trajs),
-        mean_response_tokens=_mean([len(t.response_ids) for t in trajs]),
+        stop_reasons=dict(Counter(t.stop_reason.value for t in finals).most_common()),
+        errors=_first_errors(finals),
+        mean_response_tokens=_mean([sum(len(t.response_ids) for t in segs) for segs in played]),
         tokens_per_s=tokens_per_s,
         elapsed_s=elapsed_s,
         tool_failed=len(tool_failed),
-        tool_failure=_first_tool_failure(tool_failed),
+        tool_failure=_first_tool_failure([t for segs in tool_failed for t in segs]),
     )
 
 
@@ -209,27 +216,69 @@ def _majority(records: Sequence[Mapping[str, Any]]) -> float:
 
 
 def is_final_segment(metrics: Mapping[str, float]) -> bool:
-    """Whether a trajectory ends its episode. An agent run through the proxy
-    (``agentloop.proxy``) that rewrote its history has one trajectory per segment, all written;
-    the last one holds the answer and stands for the episode in summaries."""
+    """Whether a trajectory ends its episode: see :class:`EvalEpisode`."""
     return metrics.get("segment_index", 0.0) >= metrics.get("segments", 1.0) - 1
 
 
-def read_run(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of run directory ``run`` (its trajectories file), the first copy of each
-    (task, sample) only. A torn last line from a killed run is skipped."""
+@dataclass(frozen=True)
+class EvalEpisode:
+    """One (task, sample) episode of a run: its trajectory records, in segment order.
+
+    Usually one record. An episode is written as several segments (``segments``/
+    ``segment_index`` metrics) when an agent run through the proxy (``agentloop.proxy``)
+    rewrote its history, or under ``rollout.thinking=strip`` (one sample per turn). The final
+    segment stands for the episode: its reward, stop reason, error, answer and env metrics
+    (``tool_error/*``, which every segment carries whole) are the episode's; turns, tool calls
+    and response tokens are each segment's own and add up over ``segments``.
+    """
+
+    segments: tuple[dict[str, Any], ...]
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """The record that stands for the episode (its last segment)."""
+        return self.segments[-1]
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.final["task_id"], self.final["sample_index"]
+
+
+def group_episodes(records: Iterable[dict[str, Any]]) -> list[EvalEpisode]:
+    """Records in file order as episodes, in the order they were finished. An episode is the
+    run of records of one (task, sample) from a ``segment_index`` 0 to the first final segment
+    (:func:`is_final_segment`). An attempt that a killed run left without its final segment is
+    dropped (the resumed run replayed the episode from scratch); later copies of a finished
+    episode are ignored (the first stands)."""
+    attempts: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    done: set[tuple[str, int]] = set()
+    out = []
+    for r in records:
+        if (key := (r["task_id"], r["sample_index"])) in done:
+            continue
+        metrics = r.get("metrics") or {}
+        if metrics.get("segment_index", 0.0) == 0.0 or key not in attempts:
+            attempts[key] = []  # a fresh attempt: an unfinished earlier one is dropped
+        attempts[key].append(r)
+        if is_final_segment(metrics):
+            done.add(key)
+            out.append(EvalEpisode(tuple(attempts.pop(key))))
+    return out
+
+
+def read_episodes(run: str | os.PathLike[str]) -> list[EvalEpisode]:
+    """The finished episodes of run directory ``run`` (:func:`group_episodes` of its
+    trajectories file). A torn last line from a killed run is skipped."""
     path = Path(run) / TRAJECTORIES_FILE
     if not path.exists():
         raise ConfigError(f"{run} is not an eval run: {path} does not exist")
-    seen: set[tuple[str, int]] = set()
-    out = []
-    for r in iter_jsonl(path, require=("task_id", "sample_index")):
-        if not is_final_segment(r.get("metrics") or {}):
-            continue  # an earlier segment of a proxied agent's episode: the last one stands for it
-        if (key := (r["task_id"], r["sample_index"])) not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
+    return group_episodes(iter_jsonl(path, require=("task_id", "sample_index")))
+
+
+def read_run(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One record per finished episode of run directory ``run``: the one that stands for it
+    (:attr:`EvalEpisode.final`), in the order they were finished."""
+    return [e.final for e in read_episodes(run)]
 
 
 # ---------------------------------------------------------------------- compare

@@ -21,7 +21,13 @@ from agentloop.cli import main
 from agentloop.envs import ToolEnv, make
 from agentloop.errors import ConfigError
 from agentloop.eval import EvalConfig, config_fingerprint, config_hash, run_eval
-from agentloop.eval_report import EvalSummary, compare_runs, print_comparison, summarize
+from agentloop.eval_report import (
+    EvalSummary,
+    compare_runs,
+    group_episodes,
+    print_comparison,
+    summarize,
+)
 from agentloop.io import JsonlWriter, read_jsonl, trajectory_to_dict
 from agentloop.rollout import RolloutConfig
 from agentloop.tools import tool
@@ -53,7 +59,7 @@ def test_summarize_hand_computed() -> None:
         _record(_traj("b", 2, 1.0), "3", True),
         _record(_traj("b", 3, 0.0), "4", False),
     ]
-    s = summarize(records, env=ENV, model="m", split="test", samples_per_task=4,
+    s = summarize(group_episodes(records), env=ENV, model="m", split="test", samples_per_task=4,
                   pass_threshold=1.0, config_hash="h")  # fmt: skip
     assert (s.tasks, s.episodes) == (2, 8)
     assert s.reward.mean == pytest.approx(0.375)  # mean of per-task means 0.25 and 0.5
@@ -76,7 +82,7 @@ def test_summarize_hand_computed() -> None:
 
 def test_summary_without_answers_or_ci() -> None:
     records = [trajectory_to_dict(_traj("a", 0, 0.5))]
-    s = summarize(records, env=ENV, model="m", split="test", samples_per_task=1,
+    s = summarize(group_episodes(records), env=ENV, model="m", split="test", samples_per_task=1,
                   pass_threshold=0.5, config_hash="h")  # fmt: skip
     assert s.majority_at_n is None and s.answer_rate is None
     assert s.pass_at_k == {1: 1.0}
