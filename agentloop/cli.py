@@ -201,7 +201,9 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="add an MCP server's tools to the env, repeatable: 'mcp:COMMAND ARGS' (stdio) or "
-        "'mcp:http://HOST:PORT/mcp'; a tool named like an env tool replaces it",
+        "'mcp:http://HOST:PORT/mcp', limits in brackets: 'mcp[max_concurrency=2,timeout_s=10]:"
+        "COMMAND ARGS' (also rate_limit_per_s, startup_timeout_s, include=a+b); a tool named "
+        "like an env tool replaces it",
     )
     add("--record", metavar="DIR", help="record every tool call to DIR/tool_calls.jsonl")
     add("--replay", metavar="DIR", help="serve tool outputs from a recording instead of the tools")

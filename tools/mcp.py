@@ -23,12 +23,12 @@ import logging
 import os
 import shlex
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop.errors import ConfigError, ToolError
+from agentloop.errors import ConfigError, ToolError, did_you_mean
 from agentloop.tools.context import ToolContext
 from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded
 from agentloop.tools.tool import Tool
@@ -47,6 +47,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 _CONTEXT_PARAM = "_agentloop_mcp_context"  # cannot clash with a JSON-schema property we pass on
 _PREFIX = "mcp:"
+_LIMITS = (  # (field, type, fix) of MCPServerSpec's numbers, all > 0
+    ("timeout_s", int | float, "a number of seconds > 0"),
+    ("startup_timeout_s", int | float, "a number of seconds > 0"),
+    ("max_concurrency", int, "an integer >= 1 (unset: no limit)"),
+    ("rate_limit_per_s", int | float, "a number > 0 (unset: no limit)"),
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,8 @@ class MCPServerSpec:
     """How to reach an MCP server and what limits its tools get.
 
     Exactly one of ``command`` (stdio: the server is started per episode as this process) and
-    ``url`` (streamable HTTP, e.g. ``http://127.0.0.1:8000/mcp``) is set. ``parse`` reads the
-    one-string form used by ``agentloop eval --tools``.
+    ``url`` (streamable HTTP, e.g. ``http://127.0.0.1:8000/mcp``) is set. ``parse`` reads a
+    URL or a command line; :func:`parse_tool_spec` reads ``--tools``/``data.tools``, options too.
     """
 
     command: tuple[str, ...] = ()
@@ -90,10 +96,12 @@ class MCPServerSpec:
             )
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"MCP server url {self.url!r} must start with http:// or https://")
-        for name in ("timeout_s", "startup_timeout_s"):
+        for name, kind, fix in _LIMITS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigError(f"MCP server {name}={value!r}; use a number of seconds > 0")
+            if value is None and name in ("max_concurrency", "rate_limit_per_s"):
+                continue  # no limit
+            if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+                raise ConfigError(f"MCP server {name}={value!r}; use {fix}")
 
     @classmethod
     def parse(cls, spec: str, **options: Any) -> MCPServerSpec:
@@ -113,14 +121,52 @@ class MCPServerSpec:
         return self.url or shlex.join(self.command)
 
 
+#: The options of ``mcp[KEY=VALUE,…]:SERVER``: each reads its value from the text after ``=``.
+_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "max_concurrency": int,
+    "rate_limit_per_s": float,
+    "timeout_s": float,
+    "startup_timeout_s": float,
+    "include": lambda text: tuple(text.split("+")),
+}
+_EXAMPLE = "e.g. 'mcp[max_concurrency=2,timeout_s=10,include=add+python]:python server.py'"
+
+
 def parse_tool_spec(spec: str) -> MCPServerSpec:
-    """A ``--tools`` value: ``mcp:COMMAND ARGS…`` or ``mcp:http://HOST:PORT/mcp``."""
+    """A ``--tools`` (or ``data.tools``) value: ``mcp:COMMAND ARGS…`` or ``mcp:http://…/mcp``,
+    with options in brackets: ``mcp[max_concurrency=2,timeout_s=10]:COMMAND ARGS…``; the keys are
+    ``MCPServerSpec``'s limits (``include`` lists tools joined by ``+``)."""
+    if spec.startswith("mcp["):
+        head, sep, server = spec[len("mcp[") :].partition("]:")
+        try:
+            if not sep:
+                raise ConfigError(f"options open with 'mcp[' but no ']:' ends them; {_EXAMPLE}")
+            return MCPServerSpec.parse(server, **_parse_options(head))
+        except ConfigError as exc:
+            raise ConfigError(f"tool spec {spec!r}: {exc}") from None
     if not spec.startswith(_PREFIX):
         raise ConfigError(
             f"tool spec {spec!r} is not understood; use 'mcp:COMMAND ARGS' (an MCP server over "
-            "stdio) or 'mcp:http://HOST:PORT/mcp' (streamable HTTP)"
+            f"stdio) or 'mcp:http://HOST:PORT/mcp' (streamable HTTP); with options: {_EXAMPLE}"
         )
     return MCPServerSpec.parse(spec[len(_PREFIX) :])
+
+
+def _parse_options(text: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if key not in _OPTIONS:
+            raise ConfigError(f"unknown option {key!r}.{did_you_mean(key, _OPTIONS)} "
+                              f"The options are {', '.join(_OPTIONS)}; {_EXAMPLE}")  # fmt: skip
+        if not sep or not value or key in options:
+            raise ConfigError(f"option {item!r} needs one value, once: {key}=VALUE; {_EXAMPLE}")
+        try:
+            options[key] = _OPTIONS[key](value)
+        except ValueError:
+            kind = "an integer" if _OPTIONS[key] is int else "a number"
+            raise ConfigError(f"{key}={value!r} is not {kind}") from None
+    return options
 
 
 # ---------------------------------------------------------------------- connection

