@@ -20,6 +20,7 @@ __all__ = [
     "ExecResult",
     "Sandbox",
     "SandboxFactory",
+    "SandboxLimitError",
     "SandboxLimits",
     "SandboxSession",
     "available_sandboxes",
@@ -37,6 +38,12 @@ LANGUAGES = ("python", "bash")
 _MAX_CODE_BYTES = 4 << 20
 _MAX_FILES_BYTES = 64 << 20
 _MAX_FILES = 1000
+
+
+class SandboxLimitError(SandboxError, ConfigError):
+    """A run's input is past a sandbox's input limits (code size, file count, file bytes); the
+    message names the limit and what to do. A :class:`SandboxError`, as issue 21 asks, and
+    still a :class:`ConfigError` (the caller's input), which these checks raised before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +95,11 @@ class SandboxLimits:
     """Resource limits applied to every run (and every session) of a sandbox.
 
     ``timeout_s`` is the default wall-clock limit of one run; ``cpu_time_s`` the CPU-time limit
-    (default: ``timeout_s``). ``memory_mb`` bounds the sandbox's memory (tmpfs files included),
-    ``max_processes`` its process count (fork bombs), ``cpus`` its CPU share. Output beyond
-    ``max_output_bytes`` per stream is dropped; no single file may exceed ``max_file_mb`` and the
-    writable ``/sandbox`` and ``/tmp`` hold at most ``disk_mb`` each.
+    (default: ``timeout_s``). ``memory_mb`` bounds the sandbox's memory (with cgroups, tmpfs
+    files included), ``max_processes`` its process count (fork bombs), ``cpus`` its CPU share.
+    Output beyond ``max_output_bytes`` per stream is dropped; no single file may exceed
+    ``max_file_mb`` and the writable ``/sandbox``, ``/tmp`` and ``/dev/shm`` hold at most
+    ``disk_mb`` each.
     """
 
     timeout_s: float = 30.0
@@ -162,7 +170,7 @@ def check_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes]:
     if not isinstance(files, Mapping):
         raise ConfigError(f"files must be a mapping of relative path -> bytes, got {files!r}")
     if len(files) > _MAX_FILES:
-        raise ConfigError(
+        raise SandboxLimitError(
             f"{len(files)} files in one run, over the limit of {_MAX_FILES}; "
             "pack them into an archive and unpack it in the code"
         )
@@ -188,7 +196,7 @@ def check_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes]:
         total += len(blob)
         out[norm] = bytes(blob)
     if total > _MAX_FILES_BYTES:
-        raise ConfigError(
+        raise SandboxLimitError(
             f"files total {total} bytes, over the {_MAX_FILES_BYTES} byte limit; "
             "ship large data inside the image instead"
         )
@@ -200,7 +208,7 @@ def check_code(code: str) -> str:
     if not isinstance(code, str):
         raise ConfigError(f"code must be str, got {type(code).__name__}")
     if len(code) > _MAX_CODE_BYTES:
-        raise ConfigError(
+        raise SandboxLimitError(
             f"code is {len(code)} characters, over the limit of {_MAX_CODE_BYTES}; "
             "ship large data as files instead"
         )

@@ -37,6 +37,8 @@ _OWNER = "agentloop.owner"
 _START_TIMEOUT_S = 60.0
 _HEADER = struct.Struct(">BxxxI")
 _RECV_BYTES = 1 << 16
+# One argv string holds at most MAX_ARG_STRLEN (128 KiB) bytes; longer bash goes another way.
+_ARGV_CODE_MAX = 100 << 10
 
 
 def _owner() -> str:
@@ -164,8 +166,9 @@ class DockerKernel(StreamKernel):
 class DockerSandbox(KernelSandbox):
     """Containers through the Docker Engine API (Docker, or podman's compatible service).
 
-    Each kernel is a container: no network, read-only root, tmpfs ``/sandbox`` and ``/tmp``,
-    memory (no swap), pids and CPU limits, no capabilities, ``no-new-privileges``, user nobody.
+    Each kernel is a container: no network, read-only root, tmpfs ``/sandbox`` and ``/tmp`` and
+    a ``/dev/shm`` of ``disk_mb`` each, memory (no swap), pids and CPU limits, no capabilities,
+    ``no-new-privileges``, user nobody.
     Containers carry the ``agentloop.sandbox`` label and remove themselves when this client goes
     away; :func:`reap_containers` removes what a crashed client left. ``image`` needs ``python3``
     (and ``bash`` for ``language="bash"``); build the default one with
@@ -268,6 +271,7 @@ class DockerSandbox(KernelSandbox):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges", self._seccomp],
             read_only=True,
+            shm_size=lim.disk_mb << 20,  # the engine's default (64 MB) is no limit of ours
             mounts=[
                 Mount(d, "", type="tmpfs", tmpfs_size=lim.disk_mb << 20, tmpfs_mode=0o1777)
                 for d in ("/sandbox", "/tmp")
@@ -340,8 +344,17 @@ class DockerSandbox(KernelSandbox):
 
 
 def _bash_wrapper(script: str) -> str:
-    return (
-        "import subprocess as _sp, sys as _sys\n"
-        f"_rc = _sp.call(['bash', '-c', {script!r}])\n"
-        "_sys.exit(128 - _rc if _rc < 0 else _rc)\n"
-    )
+    """Python that runs ``script`` in bash; a script longer than one argv string may be
+    (``MAX_ARG_STRLEN``, 128 KiB) is sourced from a memfd instead, as the local backend does."""
+    if len(script.encode()) <= _ARGV_CODE_MAX:
+        run = f"_rc = _sp.call(['bash', '-c', {script!r}])\n"
+    else:
+        run = (
+            "import os as _os\n"
+            "_fd = _os.memfd_create('script')\n"
+            f"_left = memoryview({script!r}.encode())\n"
+            "while _left:\n"
+            "    _left = _left[_os.write(_fd, _left) :]\n"
+            "_rc = _sp.call(['bash', '-c', '. /dev/fd/%d' % _fd], pass_fds=(_fd,))\n"
+        )
+    return f"import subprocess as _sp, sys as _sys\n{run}_sys.exit(128 - _rc if _rc < 0 else _rc)\n"

@@ -233,9 +233,10 @@ class HttpServer:
                     await request.read()  # cached: the handler's read()/json() reuse it
             except TimeoutError:
                 return await _timed_out(request, self.limits.body_timeout_s)
-            except (ConnectionResetError, RuntimeError):
-                # the client left mid-body, or the cap closed it (aiohttp's "Connection
-                # closed." RuntimeError): no one to answer
+            except (ConnectionResetError, RuntimeError) as exc:
+                if not _closed_mid_body(exc):
+                    raise
+                # the client left mid-body, or the cap closed it: no one to answer
                 request.protocol.force_close()
                 return web.Response(status=400)
             finally:
@@ -252,6 +253,16 @@ class HttpServer:
                 conn.busy -= 1
                 conn.served += 1
                 conn.last_active = time.monotonic()
+
+
+def _closed_mid_body(exc: BaseException) -> bool:
+    """Whether reading a body failed because its connection went away: a reset (the client
+    left; the cap's close, seen once the connection is lost), or aiohttp's (3.x)
+    ``RuntimeError("Connection closed.")``, which a read that resumes between the cap's close
+    and the loss of the connection gets. Any other RuntimeError is a bug, not a client's."""
+    if isinstance(exc, ConnectionResetError):
+        return True
+    return type(exc) is RuntimeError and exc.args == ("Connection closed.",)
 
 
 async def _timed_out(request: web.Request, seconds: float) -> web.Response:

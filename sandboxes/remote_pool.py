@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 from agentloop.errors import ConfigError, SandboxError
 
-from .base import ExecResult, SandboxLimits
+from .base import ExecResult, SandboxLimitError, SandboxLimits
 from .pool_stats import PoolStats, ServerStats
 from .remote import RemoteSandbox, RemoteSession, ServerUnreachable
 from .shared import shared_sandboxes
@@ -269,6 +269,8 @@ class RemotePool:
                 if "cannot connect" not in str(exc):  # it may have run: never re-send
                     raise
                 continue
+            except SandboxLimitError:  # the caller's input, refused before it was sent
+                raise
             except SandboxError as exc:
                 server.failed(exc)
                 raise
@@ -327,6 +329,8 @@ class PoolSession:
             result = await self._inner.run(
                 code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
             )
+        except SandboxLimitError:  # the caller's input, refused before it was sent
+            raise
         except SandboxError as exc:
             server.failed(exc)
             raise

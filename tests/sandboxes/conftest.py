@@ -22,7 +22,8 @@ from agentloop.errors import SandboxError
 from agentloop.sandboxes import SandboxLimits, make_sandbox
 from agentloop.sandboxes.podman import PodmanService, ensure_python_image, podman_missing
 
-BACKENDS = ["local", "docker", "remote"]
+#: "local-rlimits" is the local backend without cgroups (its limits fall back to rlimits).
+BACKENDS = ["local", "local-rlimits", "docker", "remote"]
 
 
 _MAKERS: set[int] = set()  # this lane's process and every process it started during a test
@@ -82,21 +83,29 @@ async def local_sb() -> AsyncIterator[Any]:
 
 
 async def _open(
-    backend: str, request: pytest.FixtureRequest, limits: SandboxLimits = SUITE_LIMITS
+    backend: str,
+    request: pytest.FixtureRequest,
+    limits: SandboxLimits = SUITE_LIMITS,
+    pool_size: int = 1,
 ) -> AsyncIterator[Any]:
-    if backend in ("local", "remote") and bwrap_missing():
+    if backend != "docker" and bwrap_missing():
         pytest.skip(str(bwrap_missing()))
-    if backend == "local":
-        async with make_sandbox("local", limits=limits, pool_size=1) as sb:
+    if backend.startswith("local"):
+        cgroups = backend == "local"
+        async with make_sandbox(
+            "local", limits=limits, pool_size=pool_size, use_cgroups=cgroups
+        ) as sb:
             yield sb
     elif backend == "docker":
         svc = request.getfixturevalue("podman")
-        async with make_sandbox("docker", client=svc.client(), limits=limits, pool_size=1) as sb:
+        async with make_sandbox(
+            "docker", client=svc.client(), limits=limits, pool_size=pool_size
+        ) as sb:
             yield sb
     else:
         from agentloop.sandboxes.server import SandboxServer
 
-        async with make_sandbox("local", limits=limits, pool_size=1) as backend_sb:
+        async with make_sandbox("local", limits=limits, pool_size=pool_size) as backend_sb:
             server = SandboxServer(backend_sb, max_concurrency=4, token="t0ken")
             port = await server.start("127.0.0.1", 0)
             try:
@@ -109,7 +118,8 @@ async def _open(
 
 @pytest.fixture(params=BACKENDS)
 async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """Each real backend in turn: local (bwrap), docker (podman), remote (server on loopback)."""
+    """Each real backend in turn: local (bwrap), local without cgroups (rlimits), docker
+    (podman), remote (server on loopback)."""
     async for sb in _open(request.param, request):
         yield sb
 
@@ -118,6 +128,22 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
 async def cpu_capped(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """Each real backend with a CPU-time limit of 1 s per run (wall clock: the suite's 20 s)."""
     async for sb in _open(request.param, request, replace(SUITE_LIMITS, cpu_time_s=1)):
+        yield sb
+
+
+@pytest.fixture(params=BACKENDS)
+async def disk_capped(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each real backend with ``disk_mb=16``: not the suite's 64, a size engines also default to
+    (podman's ``/dev/shm``), so a bound that holds is this limit's and no default's."""
+    async for sb in _open(request.param, request, replace(SUITE_LIMITS, disk_mb=16)):
+        yield sb
+
+
+@pytest.fixture(params=BACKENDS)
+async def cold(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each real backend with no warm kernel (``pool_size=0``): every run starts cold."""
+    limits = replace(SUITE_LIMITS, timeout_s=60)
+    async for sb in _open(request.param, request, limits, pool_size=0):
         yield sb
 
 

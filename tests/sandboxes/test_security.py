@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import resource
 import socket
 import tracemalloc
@@ -11,7 +13,14 @@ from typing import Any
 import pytest
 from sbx_helpers import SUITE_LIMITS, Host, procs_named, wait_gone
 
+from agentloop.errors import ConfigError, SandboxError
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _backend(request: pytest.FixtureRequest, fixture: str = "sandbox") -> str:
+    """The backend a parametrised sandbox fixture gave this test ("local", "docker", ...)."""
+    return str(request.node.callspec.params[fixture])
 
 
 def _host_ip() -> str:
@@ -163,6 +172,49 @@ async def test_huge_output_is_truncated_and_host_memory_is_unharmed(
     assert set(res.stdout) == {"y"}
     assert held_mb < 4, f"the host held {held_mb:.0f} MB at once of 100 MB of output"
     assert grown_mb < 48, f"host process grew by {grown_mb:.0f} MB for 100 MB of output"
+
+
+_WRITE_AFTER_THE_RUN = """
+import os, threading
+def write():
+    chunk = b"z" * (1 << 20)
+    for _ in range(200):
+        os.write(1, chunk)
+    open("/sandbox/written", "w").close()
+threading.Thread(target=write, daemon=True).start()
+"""
+# between runs the interpreter is stopped: the thread writes during the next run, which waits
+_WAIT_FOR_THE_THREAD = """
+import os, sys, time
+while not os.path.exists("/sandbox/written"):
+    time.sleep(0.01)
+print("next run", file=sys.stderr)
+"""
+
+
+async def test_output_written_after_a_run_ended_is_dropped_not_held(
+    sandbox: Any, host: Host
+) -> None:
+    """Issue 21 (item 3): a session's thread writes 200 MB after its run ended. The host (and,
+    for ``remote``, the server, which runs in this process here) keeps at most the output cap
+    of it: the docker backend used to buffer all of it, +400 MB for 400 MB written."""
+    async with sandbox.session() as s:
+        assert (await s.run("print('warm')")).stdout == "warm\n"
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tracemalloc.start()
+        try:
+            assert (await s.run(_WRITE_AFTER_THE_RUN)).ok
+            after = await s.run(_WAIT_FOR_THE_THREAD)
+            peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+        finally:
+            tracemalloc.stop()
+    # the next run's stdout holds the thread's output: cut at the cap
+    assert after.ok and after.stderr == "next run\n" and after.truncated, after
+    assert set(after.stdout) == {"z"} and len(after.stdout) == SUITE_LIMITS.max_output_bytes
+    # measured 2026-11-27 (2-core VM): 0.3-0.5 MB on every backend, no RSS growth
+    assert peak_mb < 8, f"the host held {peak_mb:.1f} MB at once of 200 MB written after a run"
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 48, f"host process grew by {grown_mb:.0f} MB for 200 MB written"
 
 
 _DETACH = """
@@ -324,6 +376,27 @@ async def test_code_that_ends_its_run_early_stops_running(sandbox: Any, host: Ho
     assert wait_gone(host.comm) == []
 
 
+_NAMESPACES = ("user", "pid", "net", "ipc", "uts", "mnt", "cgroup")
+#: the namespaces the isolation table (docs/guides/sandboxes.md) gives each backend as its own;
+#: docker/podman's are the engine's: a user and a cgroup namespace depend on its setup
+_OWN_NAMESPACES = {"docker": {"pid", "net", "ipc", "uts", "mnt"}}
+_NS_INODES = "import os\nfor n in {names!r}:\n    print(n, os.stat(f'/proc/self/ns/{{n}}').st_ino)"
+
+
+async def test_the_sandbox_has_its_own_namespaces(
+    sandbox: Any, host: Host, request: pytest.FixtureRequest
+) -> None:
+    """Each namespace the isolation table names is another than this process's (for
+    ``remote``: the server's, which runs in this process here): its ``/proc/self/ns`` inode
+    differs inside."""
+    res = await sandbox.run(_NS_INODES.format(names=_NAMESPACES))
+    assert res.exit_code == 0, res
+    inside = {name: int(ino) for name, ino in (line.split() for line in res.stdout.splitlines())}
+    shared = {n for n in _NAMESPACES if inside[n] == os.stat(f"/proc/self/ns/{n}").st_ino}
+    own = _OWN_NAMESPACES.get(_backend(request), set(_NAMESPACES))
+    assert not own & shared, f"shared with the host: {sorted(own & shared)}"
+
+
 _NAMESPACES_AND_PTRACE = """
 import ctypes, errno, os, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -443,3 +516,80 @@ async def test_seccomp_answers_eperm_for_denied_calls_and_enosys_for_unlisted_on
     assert res.exit_code == 0, res
     got = dict(line.split() for line in res.stdout.splitlines())
     assert got == {name: want for name, (_, _, want) in _SYSCALLS.items()}, res.stdout
+
+
+_FILL = """
+import errno, os
+for d in ("/dev", "/dev/shm", "/tmp", "/sandbox"):
+    written, stopped, names = 0, "never", []
+    try:
+        while written < {cap}:  # 1 MB files: a bound of the disk, not of one file's size
+            names.append(os.path.join(d, f"fill{{len(names)}}"))
+            with open(names[-1], "wb") as f:
+                f.write(b"x" * (1 << 20))
+            written += 1 << 20
+    except OSError as exc:
+        stopped = errno.errorcode[exc.errno]
+        if os.path.exists(names[-1]):
+            written += os.path.getsize(names[-1])
+    for name in names:
+        if os.path.exists(name):
+            os.unlink(name)
+    print(d, written, stopped)
+"""
+
+
+async def test_dev_shm_tmp_and_the_work_dir_hold_at_most_disk_mb(
+    disk_capped: Any, host: Host
+) -> None:
+    """Issue 21 (item 5): /dev was an unbounded tmpfs (1 GB held with ``memory_mb=128``
+    without cgroups). Writing 4 x ``disk_mb`` in 1 MB files: ``/dev`` takes nothing, and
+    ``/dev/shm``, ``/tmp`` and ``/sandbox`` each stop with ENOSPC at ``disk_mb`` (16 here)."""
+    disk = 16 << 20
+    res = await disk_capped.run(_FILL.format(cap=4 * disk))
+    assert res.exit_code == 0, res
+    got = {d: (int(n), why) for d, n, why in (line.split() for line in res.stdout.splitlines())}
+    assert got["/dev"][0] == 0 and got["/dev"][1] in ("EROFS", "EACCES"), got
+    for d in ("/dev/shm", "/tmp", "/sandbox"):
+        assert got[d][1] == "ENOSPC" and disk // 2 < got[d][0] <= disk, (d, got)
+    sem = await disk_capped.run("import multiprocessing as m; m.Lock(); print('semaphore ok')")
+    assert sem.stdout == "semaphore ok\n", sem
+
+
+async def test_cold_runs_take_big_programs_and_many_files_up_to_the_limits(
+    cold: Any, host: Host
+) -> None:
+    """Issue 21 (item 4): programs over ~40 KB (12 at once) or past one argv string's 128 KiB,
+    and 1,000 files whose paths add up to 3 MB, reach a cold run in Python and in bash (the
+    local launcher used to crash: HTTP 500s, exit 127); past the limits, a SandboxError naming
+    the limit and the fix."""
+    code = "x = 6\n# " + "p" * (40 << 10) + "\nprint(x * 7)\n"
+    runs = await asyncio.gather(*(cold.run(code) for _ in range(12)))
+    assert [r.stdout for r in runs] == ["42\n"] * 12, runs
+    long = "y = 1\n# " + "q" * (300 << 10) + "\nprint('long', y)\n"
+    assert (await cold.run(long)).stdout == "long 1\n"
+    bash = "echo start\n: " + "q" * (300 << 10) + "\necho long; exit 4\n"
+    res = await cold.run(bash, language="bash")
+    assert (res.stdout, res.exit_code) == ("start\nlong\n", 4), res
+    deep = "/".join(["d" * 200] * 15)
+    files = {f"{deep}/{i}/" + "f" * 200: str(i) for i in range(1000)}
+    assert sum(len(p) for p in files) > 3 << 20
+    count = (
+        "import os\nn = total = 0\nfor top, _, names in os.walk('.'):\n"
+        "    for name in names:\n        n += 1\n"
+        "        total += int(open(os.path.join(top, name)).read())\n"
+        f"print(n, total, os.access({deep!r}, os.W_OK))"
+    )
+    py = await cold.run(count, files=files)
+    assert py.stdout == f"1000 {sum(range(1000))} True\n", py
+    # bash builtins only: the docker image holds python3 and bash, no coreutils
+    walk = 'shopt -s globstar; n=0; for f in **; do [ -f "$f" ] && n=$((n + 1)); done; echo $n'
+    sh = await cold.run(walk, language="bash", files=files)
+    assert sh.stdout.strip() == "1000", sh
+    many = {f"f{i}": "" for i in range(1001)}
+    with pytest.raises(SandboxError, match=r"1001 files in one run, over the limit of 1000; pack"):
+        await cold.run("pass", files=many)
+    with pytest.raises(SandboxError, match=r"over the limit of 4194304; ship large data as files"):
+        await cold.run("#" * (5 << 20))
+    with pytest.raises(ConfigError):  # what callers caught before: still caught
+        await cold.run("pass", files=many)

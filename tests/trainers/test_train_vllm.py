@@ -8,13 +8,17 @@ data order.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from grpo_helpers import STEPS, LocalRun, TrainCLI, hf_logprobs, run_overrides
+from waits import eventually
 
 from agentloop.io import read_jsonl
 from agentloop.trainers.metrics import read_metrics
@@ -113,3 +117,40 @@ def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
     assert sorted(metrics) == [1, 2, 3]
     for step in (2, 3):  # the engine got the restored weights before generating again
         assert metrics[step]["mismatch/abs_diff_mean"] < 1e-4
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+async def test_kill_9_of_the_trainer_alone_takes_its_vllm_down(
+    train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 21 (item 12): SIGKILL to the ``agentloop train`` process only — not to its process
+    group, as ``TrainCLI.kill`` does, which would take vLLM down whatever the engine does —
+    while its vLLM runs: the engine's processes (found before the kill) are gone within 60 s."""
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    extra = ["trainer.val_every=0", "checkpoint.export_final=false"]
+    proc = train_cli.spawn([str(config), *run_overrides(tiny_model_dir, out), *extra], log)
+    engine: list[psutil.Process] = []
+    try:
+        # step 1's rollouts are saved: vLLM has started and generated
+        train_cli.wait_for(out / "trajectories" / "step_000001.jsonl", proc, 900)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        engine = [p for p in kids if p.name().startswith("VLLM")]
+        assert engine, f"the run has no VLLM:: process: {[p.name() for p in kids]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL
+        await eventually(lambda: not _alive(engine), timeout=60)
+    finally:
+        for p in _alive(engine):  # never leave an engine behind, even when the test fails
+            p.kill()
+        with contextlib.suppress(ProcessLookupError):  # whatever else of the run is left
+            os.killpg(proc.pid, signal.SIGKILL)
