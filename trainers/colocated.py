@@ -164,7 +164,10 @@ class ColocatedWorker:
             await self.engine.sleep()
 
     async def wake_engine(self, tags: list[str] | None = None) -> None:
+        """Wake the engine, after the trainer has freed its gradients and allocator cache."""
         if self.engine is not None:
+            if self.policy is not None:
+                await self._torch(self.policy.release_memory)
             await self.engine.wake_up(tags)
 
     async def sync_weights(

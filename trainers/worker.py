@@ -488,6 +488,15 @@ class PolicyWorker:
             self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def release_memory(self) -> None:
+        """Free the gradients (the next step zeroes them anyway) and hand what the allocator
+        caches (activations) back to the device, so that a colocated engine waking next finds
+        it free: measured on a 7B step, gradients and cache together were as large as the
+        engine's whole budget."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def state_dict_for_inference(
         self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -54,6 +54,10 @@ _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
 _CPU_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {"enable_chunked_prefill": False, "block_size": 32}
 )
+# Tensor-parallel workers are local processes on the GPUs this process sees: inside a Ray actor
+# (a disaggregated rollout worker) vLLM would otherwise pick its Ray executor, which wants one
+# placement-group bundle per GPU and refuses the worker's one bundle of several.
+_TP_DEFAULTS: Mapping[str, Any] = MappingProxyType({"distributed_executor_backend": "mp"})
 WeightTransport = Literal["auto", "file", "bytes", "cuda_ipc"]
 _TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
 
@@ -297,6 +301,7 @@ class VLLMEngine:
             "logprobs_mode": LOGPROBS_MODE,
             "worker_extension_cls": EXTENSION_CLS,
             "disable_log_stats": True,
+            **(_TP_DEFAULTS if cfg.tensor_parallel_size > 1 else {}),
             **cfg.engine_args,
         }
         if current_platform.is_cpu():

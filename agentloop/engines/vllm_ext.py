@@ -17,6 +17,7 @@ Imported inside vLLM's worker processes: this module imports only torch and safe
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import tempfile
@@ -41,6 +42,13 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------- worker side
+# where vLLM warns about the weights a (partial) reload did not name
+_PARTIAL_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload",
+    "vllm.v1.worker.gpu_model_runner",
+)
+
+
 class WeightSyncExtension:
     """Methods added to each vLLM worker. Names carry an ``agentloop_`` prefix so they never
     shadow a method of vLLM's own worker classes."""
@@ -59,7 +67,7 @@ class WeightSyncExtension:
                 for name in names:
                     yield name, f.get_tensor(name)
 
-            self.model_runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+            self._reload(tensors())
         return {"tensors": float(len(names)), "seconds": time.perf_counter() - t0}
 
     def agentloop_reload_from_bytes(self, blob: bytes) -> dict[str, float]:
@@ -68,9 +76,7 @@ class WeightSyncExtension:
 
         t0 = time.perf_counter()
         named = load(bytes(blob))
-        self.model_runner.reload_weights(
-            weights_iterator=iter(named.items()), is_checkpoint_format=True
-        )
+        self._reload(iter(named.items()))
         return {"tensors": float(len(named)), "seconds": time.perf_counter() - t0}
 
     def agentloop_reload_from_cuda_ipc(self, payload: bytes) -> dict[str, float]:
@@ -97,14 +103,12 @@ class WeightSyncExtension:
                 for (param, start, rows), (_, view) in zip(targets, views, strict=True):
                     param.narrow(0, start, rows).copy_(view)
         else:
-            self.model_runner.reload_weights(
-                weights_iterator=iter(views), is_checkpoint_format=True
-            )
+            self._reload(iter(views))
             if targets is None:  # first time: would the direct copies have given the same?
                 model = self.model_runner.get_model()
                 found = direct_copy_targets(model, [(n, tuple(v.shape)) for n, v in views])
                 ok = found is not None and all(
-                    torch.equal(p.narrow(0, start, rows), v.to(p.dtype))
+                    torch.equal(p.narrow(0, start, rows), v.to(p.device, p.dtype))
                     for (p, start, rows), (_, v) in zip(found, views, strict=True)
                 )
                 cache[key] = found if ok else False
@@ -114,6 +118,20 @@ class WeightSyncExtension:
             "seconds": time.perf_counter() - t0,
             "direct": float(bool(targets)),
         }
+
+    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """vLLM's in-place reload of ``weights`` (checkpoint names). An update comes in chunks
+        that name only some weights: vLLM keeps the others and warns about each of them, once
+        per chunk; those expected warnings are held back (errors still show)."""
+        loggers = [logging.getLogger(name) for name in _PARTIAL_RELOAD_LOGGERS]
+        levels = [logger.level for logger in loggers]
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
 
     def agentloop_weight_sums(self, names: list[str]) -> dict[str, float]:
         """``sum(|w|)`` in float64 of the named model parameters (for tests and debugging).

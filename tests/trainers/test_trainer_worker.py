@@ -219,6 +219,16 @@ def test_save_pretrained_round_trips_through_from_pretrained(tmp_path: Path, tie
     assert (half.lm_head.weight is half.model.embed_tokens.weight) == tied
 
 
+def test_release_memory_frees_the_gradients_and_the_next_step_still_trains() -> None:
+    """What a colocated worker calls before its engine wakes (the engine gets that memory)."""
+    w = PolicyWorker(_model(), _wcfg())
+    w.train_step(_seqs())
+    assert all(p.grad is not None for p in w.model.parameters())
+    w.release_memory()
+    assert all(p.grad is None for p in w.model.parameters())
+    assert w.train_step(_seqs())["grad_norm"] > 0
+
+
 def test_activation_checkpointing_gives_the_same_gradients() -> None:
     seqs = _seqs()
     grads = []
