@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from shapes import QWEN2_SHAPES  # bench/ is not a package: its folder is on sys.path
 from transformers import Qwen2Config
 
 from agentloop.trainers.logprobs import token_logprobs
@@ -44,18 +45,12 @@ from agentloop.trainers.losses import agg_loss, policy_loss
 from agentloop.trainers.packing import TrainSeq, pad
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
-# Shapes: the tiny test model, and Qwen2.5-0.5B / 1.5B / 7B (random init, nothing downloaded).
+# Shapes: the tiny test model, and Qwen2.5's (random init, nothing downloaded).
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  tie_word_embeddings=False),
-    "0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                 num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 tie_word_embeddings=True),
-    "7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    **QWEN2_SHAPES,
 }  # fmt: skip
 MODES = ("packed", "padded", "padded-sorted")
 

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-# Shapes of Qwen2.5-0.5B/1.5B (tied embeddings) and Qwen2.5-7B/32B (untied, a larger vocab).
-SIZES: dict[str, dict[str, object]] = {
-    "0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                 num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 tie_word_embeddings=True),
-    "7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
-    "32B": dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648,
-                num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
-                tie_word_embeddings=False),
-}  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from shapes import QWEN2_SHAPES  # bench/ is not a package: its folder is on sys.path
+
+SIZES = QWEN2_SHAPES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "vocab.json", "merges.txt")  # fmt: skip
 
