@@ -40,6 +40,7 @@ from agentloop.rollout import RolloutConfig
 from agentloop.tools import Tool, get_parser
 from agentloop.tools.recording import ToolTapeConfig, tool_tape
 from agentloop.types import Task, Trajectory
+from agentloop.vision import vision_of
 
 __all__ = [
     "ENGINES",
@@ -271,6 +272,7 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
         AutoTokenizer.from_pretrained(config.model),
         tools=env.tool_schemas,
         thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
+        vision=vision_of(config.model),  # a vision-language model's images expand to its tokens
     )
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)

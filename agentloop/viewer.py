@@ -97,7 +97,7 @@ def view_data(
 
 def _trajectory_view(record: Mapping[str, Any]) -> dict[str, Any]:
     t = trajectory_from_dict(record)
-    images = [uri for uri in (image_to_data_uri(im) for im in t.images) if uri is not None]
+    in_messages = sum(len(m.images) for m in t.messages)
     return {
         "task_id": t.task_id,
         "sample_index": t.sample_index,
@@ -110,7 +110,7 @@ def _trajectory_view(record: Mapping[str, Any]) -> dict[str, Any]:
         "turns": len(t.turns),
         "metrics": _finite(dict(t.metrics)),
         "messages": [_message_view(m) for m in t.messages],
-        "images": images,
+        "images": _image_uris(t.images[in_messages:]),  # images no message shows
         "prompt_len": t.prompt_len,
         "ids": list(t.token_ids),
         "mask": "".join(map(str, t.loss_mask)),
@@ -122,6 +122,7 @@ def _message_view(message: Any) -> dict[str, Any]:
     return {
         "role": message.role,
         "content": message.content,
+        "images": _image_uris(message.images),  # shown in the turn that produced them
         "name": message.name,
         "tool_call_id": message.tool_call_id,
         "tool_calls": [
@@ -134,6 +135,11 @@ def _message_view(message: Any) -> dict[str, Any]:
             for c in message.tool_calls
         ],
     }
+
+
+def _image_uris(images: Sequence[Any]) -> list[str]:
+    """Data URIs of the images that have one (PNG); others (unsafe strings) are dropped."""
+    return [uri for uri in (image_to_data_uri(im) for im in images) if uri is not None]
 
 
 def _vocab(ids: Sequence[int], tokenizer: Any) -> dict[str, str]:

@@ -9,9 +9,11 @@ here needs torchvision: pixels come from the model's own ``AutoImageProcessor`` 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentloop.errors import TemplateError, TrajectoryError
@@ -23,7 +25,9 @@ __all__ = [
     "VisionTokens",
     "check_image_placeholders",
     "image_spans",
+    "is_vision_model",
     "truncate_with_images",
+    "vision_of",
 ]
 
 IMAGE_PAD = "<|image_pad|>"
@@ -238,3 +242,16 @@ def truncate_with_images(
         else:
             break
     return length, kept
+
+
+def is_vision_model(model_dir: str | os.PathLike[str]) -> bool:
+    """Whether the model directory holds a vision-language model (its config has a vision part)."""
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return False
+    return "vision_config" in json.loads(config.read_text())
+
+
+def vision_of(model_dir: str | os.PathLike[str]) -> VisionProcessor | None:
+    """The model's :class:`VisionProcessor`, or None for a text-only model."""
+    return VisionProcessor.from_pretrained(model_dir) if is_vision_model(model_dir) else None

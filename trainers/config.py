@@ -28,6 +28,7 @@ from agentloop.trainers.advantages import ADV_ESTIMATORS
 from agentloop.trainers.config_text import config_to_yaml
 from agentloop.trainers.losses import KL_KINDS
 from agentloop.trainers.worker import WorkerConfig
+from agentloop.vision import is_vision_model
 
 __all__ = [
     "AlgorithmConfig",
@@ -810,7 +811,8 @@ def example_config(name: str) -> Path:
 
 
 def resolve_model_path(path: str) -> Path:
-    """``tiny`` → the locally generated tiny model (built on first use); else a model directory."""
+    """``tiny`` → the locally generated tiny model (built on first use); else a model directory
+    of a language model."""
     if path == "tiny":
         from agentloop.testing.tiny import tiny_model_dir
 
@@ -818,5 +820,10 @@ def resolve_model_path(path: str) -> Path:
     if not Path(path).is_dir():
         raise ConfigError(
             f"model.path={path!r} is not a directory; pass a local HF model dir, or 'tiny'"
+        )
+    if is_vision_model(path):
+        raise ConfigError(
+            f"model.path={path!r} is a vision-language model, which the trainer cannot train "
+            "yet (it loads causal language models only); agentloop eval --engine hf plays it"
         )
     return Path(path).resolve()

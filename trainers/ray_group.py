@@ -20,12 +20,12 @@ from typing import Any
 
 from agentloop.engines.base import Engine, SamplingParams
 from agentloop.engines.router import ReplicatedEngine
-from agentloop.engines.vllm_mm import is_vision_model
 from agentloop.errors import ConfigError
 from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
 from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.group import WorkerGroup
 from agentloop.types import Completion
+from agentloop.vision import is_vision_model
 
 __all__ = ["RayEngineClient", "open_ray_group"]
 

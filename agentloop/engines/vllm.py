@@ -275,7 +275,8 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from agentloop.engines.vllm_ext import checkpoint_shapes
-        from agentloop.engines.vllm_mm import start_failure_hint, vision_of
+        from agentloop.engines.vllm_mm import start_failure_hint
+        from agentloop.vision import vision_of
 
         cfg = self.config
         self._sleep_mode = (

@@ -11,34 +11,17 @@ not hold — :func:`check_expansion` makes that an error.
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentloop.errors import InferenceError
+from agentloop.vision import is_vision_model
 
 if TYPE_CHECKING:
     from agentloop.vision import VisionProcessor
 
-__all__ = ["check_expansion", "is_vision_model", "mm_prompt", "start_failure_hint", "vision_of"]
-
-
-def is_vision_model(model_dir: str | Path) -> bool:
-    """Whether the model directory holds a vision-language model (its config has a vision part)."""
-    config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        return False
-    return "vision_config" in json.loads(config.read_text())
-
-
-def vision_of(model_dir: str | Path) -> VisionProcessor | None:
-    """The model's :class:`~agentloop.vision.VisionProcessor`, or None for a text-only model."""
-    if not is_vision_model(model_dir):
-        return None
-    from agentloop.vision import VisionProcessor
-
-    return VisionProcessor.from_pretrained(model_dir)
+__all__ = ["check_expansion", "mm_prompt", "start_failure_hint"]
 
 
 def start_failure_hint(model_dir: str | Path) -> str:

@@ -202,3 +202,62 @@ async def test_an_image_that_does_not_fit_is_dropped_whole(
     )
     # the episode goes on after the drop: the model reads the placeholder and may answer (done)
     assert cut.stop_reason in (StopReason.DONE, StopReason.MAX_TOKENS, StopReason.MAX_TURNS)
+
+
+def test_agentloop_eval_plays_zoom_episodes_and_the_viewer_shows_every_crop(
+    engine: HFEngine, tiny_vlm_dir: Path, tmp_path: Path
+) -> None:
+    """The entry point a user runs: ``agentloop eval`` on a vision-language model directory (the
+    taught tiny VLM, saved with the smaller pixel budget) builds the vision TokenBuilder itself;
+    episodes zoom with no env/engine error, the trajectory file keeps the images, and ``agentloop
+    view`` shows the overview image and every crop."""
+    import shutil
+
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from agentloop.cli import main
+    from agentloop.viewer import view_data
+
+    model_dir = tmp_path / "taught-vlm"
+    engine.model.save_pretrained(model_dir)
+    for f in tiny_vlm_dir.iterdir():
+        if not (model_dir / f.name).exists() and f.suffix in (".json", ".jinja", ".txt"):
+            shutil.copy(f, model_dir / f.name)
+    Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=48 * 28 * 28).save_pretrained(
+        model_dir
+    )
+    out = tmp_path / "eval"
+    args = ["eval", "--env", ENV, "--model", str(model_dir), "--engine", "hf", "--quiet",
+            "--num-tasks", "1", "--n", "2", "--max-turns", "2", "--temperature", "0",
+            "--max-response-len", "1024", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert not {"env_error", "engine_error"} & set(summary["stop_reasons"]), summary
+    assert summary["tool_calls_per_episode"] > 0, summary
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert all(len(r["images"]) >= 2 for r in records)  # the overview and at least one crop
+
+    assert main(["view", str(out)]) == 0
+    assert (out / "view.html").read_text().count("data:image/png;base64,") >= 2
+    for t in view_data(records)["trajectories"]:  # what the page renders, turn by turn
+        prompt = next(m for m in t["messages"] if m["role"] == "user")
+        assert len(prompt["images"]) == 1  # the overview image, in the question's turn
+        zooms = [m for m in t["messages"] if m["content"].startswith("Zoomed in on")]
+        assert zooms and all(len(m["images"]) == 1 for m in zooms)  # each crop in its turn
+        assert t["images"] == []  # no image outside the turns
+
+
+def test_agentloop_train_refuses_a_vision_language_model_at_start_naming_it(
+    tiny_vlm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trainer loads causal language models only (so far): a VLM's model.path is a clear
+    start-up error naming it and what plays it, not a transformers traceback from a worker."""
+    from agentloop.cli import main
+
+    config = Path(__file__).resolve().parents[2] / "trainers/configs/grpo_calc_tiny.yaml"
+    args = ["train", str(config), f"model.path={tiny_vlm_dir}", f"trainer.out_dir={tmp_path}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(tiny_vlm_dir) in err and "vision-language model" in err and "eval" in err
