@@ -48,18 +48,21 @@ def _config(engine: Any, model: Path, out: Path, **kw: Any) -> EvalConfig:
     return EvalConfig(CALC, str(model), out, engine="vllm", rollout=rollout, **sizes)
 
 
-#: The shared engine's settings (tests/conftest.py VLLM_SETTINGS) and _config's rollout, as flags.
+#: _config's rollout, and the shared engine's settings (tests/conftest.py VLLM_SETTINGS), as flags.
 CLI_ARGS = ("--n", "2", "--num-tasks", "3", "--max-turns", "3", "--max-prompt-len", "352",
-            "--max-response-len", "160", "--quiet", "--engine-arg", "dtype=float32",
-            "--engine-arg", "max_model_len=512", "--engine-arg", "max_num_seqs=32",
-            "--engine-arg", "kv_cache_memory_bytes=134217728", "--engine-arg", "enforce_eager=true",
-            "--engine-arg", "seed=0")  # fmt: skip
+            "--max-response-len", "160", "--quiet")  # fmt: skip
+VLLM_ARGS = ("--engine-arg", "dtype=float32", "--engine-arg", "max_model_len=512",
+             "--engine-arg", "max_num_seqs=32", "--engine-arg", "kv_cache_memory_bytes=134217728",
+             "--engine-arg", "enforce_eager=true", "--engine-arg", "seed=0")  # fmt: skip
 
 
-async def _eval_cli(model: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``agentloop eval --engine vllm`` in a process of its own (its own vLLM)."""
+async def _eval_cli(
+    model: Path, out: Path, *args: str, engine: str = "vllm"
+) -> subprocess.CompletedProcess[str]:
+    """``agentloop eval --engine ENGINE`` in a process of its own (with vLLM: its own vLLM)."""
     argv = [sys.executable, "-m", "agentloop.cli", "eval", "--env", CALC, "--model", str(model),
-            "--engine", "vllm", "--out", str(out), *CLI_ARGS, *args]  # fmt: skip
+            "--engine", engine, "--out", str(out), *CLI_ARGS,
+            *(VLLM_ARGS if engine == "vllm" else ()), *args]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     return await asyncio.to_thread(
         subprocess.run, argv, capture_output=True, text=True, env=env, timeout=900
@@ -159,20 +162,21 @@ async def test_the_eval_command_replays_a_recording_in_a_fresh_process_without_t
     assert _records(tmp_path / "c")[victim]["stop_reason"] == "tool_fatal"
 
 
-@pytest.mark.vllm
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_without_it(
     calc_caller_dir: Path, tmp_path: Path
 ) -> None:
     # The server's `python` tool replaces Calc's; Calc's own sandbox is unusable. The server
-    # runs from a copy, deleted before the replay: its command can no longer start it.
+    # runs from a copy, deleted before the replay: its command can no longer start it. The HF
+    # engine plays (the vLLM record/replay is the test above; this one is about the MCP server).
     server = tmp_path / "server.py"
     shutil.copy(SERVER, server)
     spec = f"mcp[timeout_s=60]:{sys.executable} {server} --only python"
     tape = tmp_path / "tape"
     one_task = ("--num-tasks", "1", "--env-arg", "sandbox=remote", "--tools", spec)
-    _ok(await _eval_cli(calc_caller_dir, tmp_path / "mcp", *one_task, "--record", str(tape)))
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "mcp", *one_task, "--record", str(tape),
+                        engine="hf"))  # fmt: skip
     records = read_jsonl(tmp_path / "mcp" / "trajectories.jsonl")
     summary = json.loads((tmp_path / "mcp" / "summary.json").read_text())
     assert summary["mean_turns"] > 1 and summary["tool_calls_per_episode"] > 0
@@ -188,10 +192,11 @@ async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_witho
 
     server.unlink()
     replay = ("--replay", str(tape), "--replay-miss", "fail")
-    _ok(await _eval_cli(calc_caller_dir, tmp_path / "replayed", *one_task, *replay))
+    _ok(await _eval_cli(calc_caller_dir, tmp_path / "replayed", *one_task, *replay, engine="hf"))
     assert _episodes(tmp_path / "replayed") == _episodes(tmp_path / "mcp")
 
     # without the schemas the replay cannot make the server's tools: a clear error at start
     (tape / SCHEMAS_FILE).unlink()
-    again = await _eval_cli(calc_caller_dir, tmp_path / "no-schemas", *one_task, *replay)
+    again = await _eval_cli(calc_caller_dir, tmp_path / "no-schemas", *one_task, *replay,
+                            engine="hf")  # fmt: skip
     assert again.returncode == 2 and "holds no tool schemas of the MCP server" in again.stderr
