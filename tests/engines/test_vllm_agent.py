@@ -59,17 +59,7 @@ async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(
     trajs = [trajectory_from_dict(r) for r in read_jsonl(tmp_path / "run" / "trajectories.jsonl")]
     assert summary.episodes == len(trajs) == 8
     assert summary.tool_calls_per_episode > 0
-    sessions = by_session(calls)
-    assert len(sessions) == 8 and sum(map(len, sessions.values())) == len(calls)
-    gaps = 0
-    for traj in trajs:
-        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
-        assert traj.metrics["segments"] == 1.0
-        assert_matches_vllm(traj, _episode_calls(traj, sessions))
-        gaps += _assert_gaps_hold_tool_results(traj, tokenizer)
-    assert gaps >= len(trajs) // 2, "too few multi-turn episodes to test the tool results"
-    # nothing trained that vLLM did not sample, nothing it sampled left out
-    assert sum(t.num_trained_tokens for t in trajs) == sum(len(c.returned) for c in calls)
+    _assert_token_exact(trajs, calls, tokenizer, min_gaps=len(trajs) // 2)
 
 
 # Tagged by hand: `agentloop eval` starts its vLLM itself, not through a fixture of tests/tiers.py
@@ -117,13 +107,20 @@ def test_agentloop_eval_on_vllm_plays_an_sdk_agent_token_exactly(
     trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == len(trajs) == 4 and summary["tool_calls_per_episode"] > 0
+    _assert_token_exact(trajs, calls, tokenizer, min_gaps=2)
+
+
+def _assert_token_exact(trajs: list[Any], calls: list[Any], tokenizer: Any, min_gaps: int) -> None:
+    """One vLLM session per episode; each trajectory is what vLLM was given and sampled, its
+    gaps hold the tool results (at least ``min_gaps`` of them), and nothing trained that vLLM
+    did not sample, nothing it sampled left out."""
     sessions = by_session(calls)
-    assert len(sessions) == 4 and sum(map(len, sessions.values())) == len(calls)
+    assert len(sessions) == len(trajs) and sum(map(len, sessions.values())) == len(calls)
     gaps = 0
     for traj in trajs:
         assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
         assert traj.metrics["segments"] == 1.0
         assert_matches_vllm(traj, _episode_calls(traj, sessions))
         gaps += _assert_gaps_hold_tool_results(traj, tokenizer)
-    assert gaps >= 2, "too few multi-turn episodes to test the tool results"
+    assert gaps >= min_gaps, "too few multi-turn episodes to test the tool results"
     assert sum(t.num_trained_tokens for t in trajs) == sum(len(c.returned) for c in calls)
