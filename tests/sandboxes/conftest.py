@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sbx_helpers import PROJECT_DIR, SUITE_LIMITS, Host, bwrap_missing, orphaned_sandboxes
+from sbx_helpers import (
+    PROJECT_DIR,
+    SUITE_LIMITS,
+    Host,
+    bwrap_missing,
+    orphaned_sandboxes,
+    sandbox_creator,
+)
 
 from agentloop.errors import SandboxError
 from agentloop.sandboxes import SandboxLimits, make_sandbox
@@ -26,33 +33,39 @@ from agentloop.sandboxes.podman import PodmanService, ensure_python_image, podma
 BACKENDS = ["local", "local-rlimits", "docker", "remote"]
 
 
-_MAKERS: set[int] = set()  # this lane's process and every process it started during a test
-
-
-def _note_makers() -> None:
+def _makers() -> set[int]:
+    """This lane's process and every process it has now (a server, a CLI, a sandbox)."""
     import psutil
 
     me = psutil.Process()
-    _MAKERS.update([me.pid, *(p.pid for p in me.children(recursive=True))])
+    return {me.pid, *(p.pid for p in me.children(recursive=True))}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_leaked_sandboxes() -> Iterator[None]:
-    """After the whole sandbox suite: no sandbox process that this lane (or a server or CLI it
-    started) made may be left orphaned. Another lane's run, killed by its own test, is not
-    ours to judge: sandboxes are attributed by the maker pid in their cgroup's name."""
-    yield
-    deadline = time.monotonic() + 15
-    while (left := orphaned_sandboxes(_MAKERS)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], f"orphaned sandbox processes: {left}"
+def _describe(pids: list[int]) -> str:
+    def one(pid: int) -> str:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+        except OSError:
+            cmd = b"(gone)"
+        return f"{pid} (made by {sandbox_creator(pid)}): {cmd.decode(errors='replace')}"
+
+    return "; ".join(map(one, pids))
 
 
 @pytest.fixture(autouse=True)
-def _record_makers() -> Iterator[None]:
-    _note_makers()
+def no_leaked_sandboxes() -> Iterator[None]:
+    """After each sandbox test: no sandbox process that the test (or a server or CLI it started)
+    made may be left orphaned. Sandboxes are attributed by the maker pid in their cgroup's name
+    to the processes this lane had at the test's start and end: another lane's run (killed by
+    its own test) is not this test's leak, nor is a pid that the 2^15 pid space handed out again
+    over a long session."""
+    makers = _makers()
     yield
-    _note_makers()
+    makers |= _makers()
+    deadline = time.monotonic() + 15
+    while (left := orphaned_sandboxes(makers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"orphaned sandbox processes: {_describe(left)}"
 
 
 @pytest.fixture(scope="session")
