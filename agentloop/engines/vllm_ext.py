@@ -86,10 +86,16 @@ class WeightSyncExtension:
         and then checks whether plain row-slice copies (see :func:`direct_copy_targets`) would
         have produced exactly the same parameters; if so, later updates of those names are just
         those copies — one device-to-device copy per tensor, no per-layer reload machinery."""
+        from torch.multiprocessing.reductions import shared_cache
+
         t0 = time.perf_counter()
         (rebuild, args), layout, device_uuid = pickle.loads(payload)
         args = list(args)
         args[6] = _device_index(device_uuid)  # the storage's GPU, as this process numbers it
+        # torch caches opened storages by (segment handle, offset): a chunk's buffer can take an
+        # earlier, smaller chunk's place in the sender's segment, and the cached storage would
+        # then be too small for it ("Trying to resize storage that is not resizable").
+        shared_cache.pop((args[7], args[9]), None)
         buffer = rebuild(*args)
         views = [
             (name, buffer[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape))
