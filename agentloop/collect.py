@@ -115,27 +115,15 @@ async def _safe_rollout(
     :class:`AgentEnv` is played by its agent through the proxy: one trajectory per segment;
     under ``thinking=strip`` an episode is one trajectory per turn."""
     try:
-        env = factory()
+        env, episode_seed = factory(), stable_seed(seed, task.id, index)
         if isinstance(env, AgentEnv):
             from agentloop.proxy.agent import agent_rollout
 
             return await agent_rollout(
-                env,
-                engine,
-                builder,
-                task,
-                config,
-                sample_index=index,
-                seed=stable_seed(seed, task.id, index),
+                env, engine, builder, task, config, sample_index=index, seed=episode_seed
             )
         return await rollout_episode(
-            env,
-            engine,
-            builder,
-            task,
-            config,
-            sample_index=index,
-            seed=stable_seed(seed, task.id, index),
+            env, engine, builder, task, config, sample_index=index, seed=episode_seed
         )
     except Exception as exc:
         return [

@@ -192,6 +192,17 @@ class Family:
     why: str
 
 
+#: The special tokens of ChatML templates with Hermes-style tool calls (Qwen2.5, Qwen3-Coder).
+_CHATML_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -274,15 +285,7 @@ FAMILIES: dict[str, Family] = {
             "Qwen3-Coder-30B-A3B, Qwen3-Coder-480B-A35B",
             "qwen3_coder",
             _QWEN3_CODER,
-            (
-                "<|endoftext|>",
-                "<|im_start|>",
-                "<|im_end|>",
-                "<tool_call>",
-                "</tool_call>",
-                "<tool_response>",
-                "</tool_response>",
-            ),
+            _CHATML_TOKENS,
             ("<|im_end|>",),
             True,
             "no reasoning blocks; history is rendered as written",
@@ -311,15 +314,7 @@ FAMILIES: dict[str, Family] = {
             "Qwen2.5, Qwen2.5-Coder, Hermes 2/3 (the tiny model's own template)",
             "hermes",
             TINY_TEMPLATE,  # real Qwen2.5 templates work as they are (prefix-stable)
-            (
-                "<|endoftext|>",
-                "<|im_start|>",
-                "<|im_end|>",
-                "<tool_call>",
-                "</tool_call>",
-                "<tool_response>",
-                "</tool_response>",
-            ),
+            _CHATML_TOKENS,
             ("<|im_end|>",),
             True,
             "history is rendered as written",
