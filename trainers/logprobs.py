@@ -45,6 +45,8 @@ class _ChunkedLogprob(torch.autograd.Function):
 
     Only one ``[chunk, V]`` fp32 block exists at a time, in forward and in backward (which
     recomputes the softmax); what is saved is the logits themselves, in their own dtype.
+    ``banned`` ids (``[K]``; a VLM's vision markup, never sampled) are left out of the softmax:
+    the distribution is the sampler's. A banned label still gets a finite logprob.
     """
 
     @staticmethod
@@ -55,6 +57,7 @@ class _ChunkedLogprob(torch.autograd.Function):
         temperature: float,
         with_entropy: bool,
         chunk_size: int,
+        banned: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = logits.shape[0]
         lp = torch.empty(n, dtype=torch.float32, device=logits.device)
@@ -62,13 +65,14 @@ class _ChunkedLogprob(torch.autograd.Function):
         ent = torch.empty_like(lp) if with_entropy else lp.new_zeros(0)
         for s in range(0, n, chunk_size):
             z = logits[s : s + chunk_size].float() / temperature
-            lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
+            lse[s : s + chunk_size] = torch.logsumexp(_ban(z, banned), dim=-1)
             lab = labels[s : s + chunk_size, None]
             lp[s : s + chunk_size] = z.gather(1, lab)[:, 0] - lse[s : s + chunk_size]
             if with_entropy:
-                p = torch.exp(z - lse[s : s + chunk_size, None])
+                p = _unban(torch.exp(z - lse[s : s + chunk_size, None]), banned)
                 ent[s : s + chunk_size] = lse[s : s + chunk_size] - (p * z).sum(-1)
         ctx.save_for_backward(logits, labels, lse, ent)
+        ctx.banned = banned
         ctx.temperature, ctx.with_entropy, ctx.chunk_size = temperature, with_entropy, chunk_size
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
@@ -77,13 +81,13 @@ class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def backward(
         ctx: Any, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
-    ) -> tuple[torch.Tensor, None, None, None, None]:
+    ) -> tuple[torch.Tensor, None, None, None, None, None]:
         logits, labels, lse, ent = ctx.saved_tensors
         temp, c = ctx.temperature, ctx.chunk_size
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], c):
             logp = logits[s : s + c].float() / temp - lse[s : s + c, None]
-            p = torch.exp(logp)
+            p = _unban(torch.exp(logp), ctx.banned)
             g = torch.zeros_like(p)
             if g_lp is not None:
                 g -= p * g_lp[s : s + c, None]
@@ -92,7 +96,19 @@ class _ChunkedLogprob(torch.autograd.Function):
                 # dH/dz_j = -p_j (log p_j + H)
                 g -= g_ent[s : s + c, None] * p * (logp + ent[s : s + c, None])
             grad[s : s + c] = (g / temp).to(grad.dtype)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
+
+
+def _ban(z: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
+    """``z`` with the banned columns at -inf (a copy; ``z`` itself when nothing is banned)."""
+    if banned is None:
+        return z
+    return z.index_fill(1, banned, float("-inf"))
+
+
+def _unban(p: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
+    """Probabilities with the banned columns zeroed (in place)."""
+    return p if banned is None else p.index_fill_(1, banned, 0.0)
 
 
 def logprobs_from_logits(
@@ -102,11 +118,20 @@ def logprobs_from_logits(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int = 1024,
+    banned_token_ids: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log softmax(logits / temperature)[label]`` per row ``[N]`` (fp32), and the entropy."""
+    """``log softmax(logits / temperature)[label]`` per row ``[N]`` (fp32), and the entropy;
+    ``banned_token_ids`` are left out of the softmax (the sampler never drew them)."""
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0 to score tokens, got {temperature}")
-    lp, ent = _ChunkedLogprob.apply(logits_NV, labels_N, temperature, with_entropy, chunk_size)
+    banned = (
+        torch.tensor(banned_token_ids, dtype=torch.long, device=logits_NV.device)
+        if banned_token_ids
+        else None
+    )
+    lp, ent = _ChunkedLogprob.apply(
+        logits_NV, labels_N, temperature, with_entropy, chunk_size, banned
+    )
     return lp, (ent if with_entropy else None)
 
 
@@ -133,10 +158,19 @@ def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> 
             f"attention implementation {impl!r} is not known to separate packed sequences; use "
             f"one of {PACKED_ATTN_IMPLEMENTATIONS}"
         )
+    position_ids = batch.position_ids
+    if batch.mrope_position_ids is not None:
+        # [4, 1, T]: Qwen2-VL takes the restarting text positions first (they mark the packed
+        # sequences' boundaries), then each sequence's own M-RoPE rows
+        position_ids = torch.cat([position_ids[None], batch.mrope_position_ids.to(position_ids)])
+    if batch.images is not None:
+        kwargs.update(
+            pixel_values=batch.images.pixel_values, image_grid_thw=batch.images.image_grid_thw
+        )
     # use_cache=False matters: with a cache object (config.use_cache defaults to True) transformers
     # skips packed-sequence detection and every token attends across sequence boundaries.
     return model(
-        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **kwargs
+        input_ids=batch.input_ids, position_ids=position_ids, use_cache=False, **kwargs
     ).logits
 
 
@@ -147,13 +181,16 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int = 1024,
+    banned_token_ids: tuple[int, ...] = (),
 ) -> TokenLogprobs:
     """Run ``model`` on a packed ``[1, T]`` (or padded ``[B, L]``) batch; logprobs aligned with
     the batch: position ``t`` scores token ``t`` with the logits at ``t - 1``.
 
     Packed: no attention mask is passed, position ids restart per sequence and
     ``use_cache=False``, so attention never crosses a sequence boundary (flash kernels also get
-    ``cu_seqlens``). Divide by ``temperature`` as the sampler did, so logprobs match the engine's.
+    ``cu_seqlens``). Divide by ``temperature`` and leave out ``banned_token_ids`` as the sampler
+    did, so logprobs match the engine's. A vision-language batch also passes its images and
+    M-RoPE positions.
     """
     logits = _forward_logits(model, batch)  # [B, T, V]
     ids = batch.input_ids
@@ -164,6 +201,7 @@ def token_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         chunk_size=chunk_size,
+        banned_token_ids=banned_token_ids,
     )
     if isinstance(batch, PaddedBatch):
         valid = batch.attention_mask.to(torch.bool).clone()

@@ -7,11 +7,16 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from agentloop.errors import ConfigError
+from agentloop.errors import ConfigError, TrajectoryError
+from agentloop.trainers.vlm import ImageInputs, RopeIndex, cat_images, image_inputs
 from agentloop.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentloop.vision import VisionProcessor
 
 __all__ = [
     "DEFAULT_LINEAR_COEF",
@@ -41,7 +46,8 @@ DEFAULT_LINEAR_COEF = 24576
 
 @dataclass(frozen=True)
 class TrainSeq:
-    """One trajectory ready for training: ``[L]`` tensors aligned on token positions."""
+    """One trajectory ready for training: ``[L]`` tensors aligned on token positions, and the
+    images a vision-language trajectory shows (their placeholder runs are in ``token_ids``)."""
 
     token_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -49,12 +55,13 @@ class TrainSeq:
     rollout_logprobs: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    images: ImageInputs | None = None
 
     def __post_init__(self) -> None:
         n = self.token_ids.shape[0]
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is not None and tuple(v.shape) != (n,):
+            if isinstance(v, torch.Tensor) and tuple(v.shape) != (n,):
                 raise ValueError(f"TrainSeq.{f.name} has shape {tuple(v.shape)}, expected ({n},)")
         if n == 0:
             raise ValueError("TrainSeq needs at least one token")
@@ -64,14 +71,23 @@ class TrainSeq:
 
 
 def train_seqs(
-    trajectories: Sequence[Trajectory], advantages: Sequence[torch.Tensor | float]
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[torch.Tensor | float],
+    *,
+    vision: VisionProcessor | None = None,
 ) -> list[TrainSeq]:
     """:class:`TrainSeq` per trajectory; an advantage is ``[L]`` per token or a scalar broadcast
-    over the loss mask."""
+    over the loss mask. A trajectory's images become its ``images`` through ``vision`` (the
+    processor the rollout's TokenBuilder used), required when any trajectory has images."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
     out = []
     for t, adv in zip(trajectories, advantages, strict=True):
+        if t.images and vision is None:
+            raise TrajectoryError(
+                f"trajectory {t.task_id!r} shows {len(t.images)} images but no vision processor "
+                "was given; pass train_seqs(..., vision=agentloop.vision.vision_of(model_dir))"
+            )
         mask = torch.tensor(t.loss_mask, dtype=torch.float32)
         a = torch.as_tensor(adv, dtype=torch.float32)
         out.append(
@@ -80,6 +96,7 @@ def train_seqs(
                 loss_mask=mask,
                 advantages=a * mask if a.ndim == 0 else a,
                 rollout_logprobs=torch.tensor(t.logprobs, dtype=torch.float32),
+                images=image_inputs(t, vision) if vision is not None else None,
             )
         )
     return out
@@ -98,7 +115,9 @@ class MicroBatch:
     """Packed, padding-free sequences: ``[1, T]`` tensors, ``T = Σ L_i``, no pad tokens.
 
     ``position_ids`` restart at 0 per sequence; ``cu_seqlens [S+1]`` (int32) holds the boundaries;
-    ``seq_index`` the positions of the sequences in the list they were packed from.
+    ``seq_index`` the positions of the sequences in the list they were packed from. A
+    vision-language batch also has ``mrope_position_ids [3, 1, T]`` (each sequence's own M-RoPE
+    positions, concatenated) and ``images`` (its sequences' images, in sequence order).
     """
 
     input_ids: torch.Tensor
@@ -111,6 +130,8 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     seq_index: tuple[int, ...] = ()
+    mrope_position_ids: torch.Tensor | None = None
+    images: ImageInputs | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -136,17 +157,35 @@ class MicroBatch:
         moved = {
             f.name: getattr(self, f.name).to(device)
             for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
+            if isinstance(getattr(self, f.name), torch.Tensor | ImageInputs)
         }
         return dataclasses.replace(self, **moved)
 
 
-def pack(seqs: Sequence[TrainSeq], indices: Sequence[int] | None = None) -> MicroBatch:
-    """Concatenate ``seqs[i] for i in indices`` (default: all) into one :class:`MicroBatch`."""
+def pack(
+    seqs: Sequence[TrainSeq],
+    indices: Sequence[int] | None = None,
+    *,
+    rope_index: RopeIndex | None = None,
+) -> MicroBatch:
+    """Concatenate ``seqs[i] for i in indices`` (default: all) into one :class:`MicroBatch`.
+
+    ``rope_index`` (a vision-language model's, see :class:`~agentloop.trainers.vlm.VisionSpec`)
+    adds each sequence's M-RoPE positions and the sequences' images; without it, a sequence
+    with images is an error (a text model cannot read them)."""
     idx = list(range(len(seqs))) if indices is None else list(indices)
     if not idx:
         raise ValueError("cannot pack an empty list of sequences")
     chosen = [seqs[i] for i in idx]
+    mrope = None
+    if rope_index is not None:
+        parts = [
+            rope_index(s.token_ids, None if s.images is None else s.images.image_grid_thw)
+            for s in chosen
+        ]
+        mrope = torch.cat(parts, dim=1)[:, None]
+    elif any(s.images is not None for s in chosen):
+        raise ValueError("sequences carry images but the model is not a vision-language model")
     lens = torch.tensor([len(s) for s in chosen])
     cu = torch.zeros(len(chosen) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lens, 0)
@@ -163,6 +202,8 @@ def pack(seqs: Sequence[TrainSeq], indices: Sequence[int] | None = None) -> Micr
         old_logprobs=_unsqueeze(_optional_cat([s.old_logprobs for s in chosen], "old_logprobs")),
         ref_logprobs=_unsqueeze(_optional_cat([s.ref_logprobs for s in chosen], "ref_logprobs")),
         seq_index=tuple(idx),
+        mrope_position_ids=mrope,
+        images=cat_images([s.images for s in chosen]),
     )
 
 

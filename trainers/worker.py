@@ -1,4 +1,4 @@
-"""PolicyWorker: an HF causal LM in FSDP2 that scores sequences, trains, and exports weights."""
+"""PolicyWorker: an HF causal LM or VLM in FSDP2 that scores sequences, trains, exports weights."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.dist import all_reduce_max, all_reduce_sum, init_distributed
@@ -45,6 +45,7 @@ from agentloop.trainers.packing import (
     pack,
 )
 from agentloop.trainers.varlen import VARLEN, resolve_attn_implementation
+from agentloop.trainers.vlm import model_class, vision_spec, vision_tower
 
 __all__ = ["PolicyWorker", "WorkerConfig"]
 
@@ -137,6 +138,9 @@ class WorkerConfig:
     temperature: float = 1.0
     """Temperature the logprobs are computed at (> 0): the rollout's, so they match the
     engine's; SFT needs 1."""
+    freeze_vision: bool = False
+    """A vision-language model's vision tower (patch embedding, blocks, merger) stays fixed: no
+    gradients, no optimiser state; only the language model trains. Needs a VLM."""
 
     def __post_init__(self) -> None:
         def bad(field: str, fix: str) -> ConfigError:
@@ -214,10 +218,21 @@ def _load(
         return model.float()
     if isinstance(model, PretrainedConfig):
         torch.manual_seed(cfg.seed)
-        return AutoModelForCausalLM.from_config(model, **kw)
+        return model_class(model).from_config(model, **kw)
     if not Path(model).is_dir():
         raise ConfigError(f"model path {str(model)!r} is not a directory; pass an HF model dir")
-    return AutoModelForCausalLM.from_pretrained(model, **kw)
+    return model_class(AutoConfig.from_pretrained(model)).from_pretrained(model, **kw)
+
+
+def _freeze_vision(model: PreTrainedModel) -> None:
+    """Take the vision tower's parameters out of training (``actor.freeze_vision``)."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ConfigError(
+            f"actor.freeze_vision=True but {type(model).__name__} has no vision tower; set it "
+            "only for a vision-language model (Qwen2-VL / Qwen2.5-VL)"
+        )
+    tower.requires_grad_(False)
 
 
 def _shard(
@@ -257,13 +272,16 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 class PolicyWorker:
-    """One rank of an FSDP2-sharded HF causal LM with its AdamW optimiser.
+    """One rank of an FSDP2-sharded HF causal LM, or Qwen2-VL-family VLM, with its AdamW
+    optimiser.
 
     Every rank of the default process group constructs one, with the same arguments; all methods
     are collective (every rank calls them, in the same order). Without a process group, a
     world of 1 is created, so a single local process runs the same code as N ranks.
     ``model`` is an HF model dir, a config (seeded random init) or a model instance. A frozen
     reference model for KL is a second ``PolicyWorker`` used only for :meth:`compute_logprobs`.
+    A VLM scores and trains sequences with their ``images`` (pixel inputs and M-RoPE positions,
+    per packed sequence) and leaves its vision tokens out of the softmax, as the sampler did.
     """
 
     def __init__(
@@ -276,9 +294,15 @@ class PolicyWorker:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = _pick_device(cfg.device)
         self.source_dir = Path(model) if isinstance(model, str | os.PathLike) else None
-        self.model = _shard(_load(model, cfg, self.device), cfg, self.device, self.world_size)
+        loaded = _load(model, cfg, self.device)
+        if cfg.freeze_vision:
+            _freeze_vision(loaded)
+        self.model = _shard(loaded, cfg, self.device, self.world_size)
+        # a vision-language model's image inputs, M-RoPE index and banned (vision) ids
+        self.vision = vision_spec(self.model, self.source_dir)
+        self._banned = self.vision.banned_token_ids if self.vision is not None else ()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.lr,
             betas=cfg.betas,
             eps=cfg.eps,
@@ -305,7 +329,7 @@ class PolicyWorker:
             if agreed == target:
                 break
             target = agreed
-        batches = [pack(seqs, p) for p in parts]
+        batches = [self._pack(seqs, p) for p in parts]
         if len(batches) < target:
             batches += [self._empty_batch(seqs)] * (target - len(batches))
         return batches
@@ -322,7 +346,11 @@ class PolicyWorker:
             old_logprobs=zero if has_old else None,
             ref_logprobs=zero if has_ref else None,
         )
-        return dataclasses.replace(pack([seq]), seq_index=())
+        return dataclasses.replace(self._pack([seq]), seq_index=())
+
+    def _pack(self, seqs: Sequence[TrainSeq], indices: Sequence[int] | None = None) -> MicroBatch:
+        rope = self.vision.rope_index if self.vision is not None else None
+        return pack(seqs, indices, rope_index=rope)
 
     @torch.no_grad()
     def compute_logprobs(self, seqs: Sequence[TrainSeq]) -> list[torch.Tensor]:
@@ -332,7 +360,10 @@ class PolicyWorker:
         out: list[torch.Tensor | None] = [None] * len(seqs)
         for mb in self._micro_batches(seqs):
             lp = token_logprobs(
-                self.model, mb.to(self.device), temperature=self.config.temperature
+                self.model,
+                mb.to(self.device),
+                temperature=self.config.temperature,
+                banned_token_ids=self._banned,
             ).logprobs
             if not mb.seq_index:  # padding: its forward only keeps this rank in step
                 continue
@@ -386,7 +417,7 @@ class PolicyWorker:
         nll = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in batches:
             mb = mb.to(self.device)
-            lp = token_logprobs(self.model, mb).logprobs
+            lp = token_logprobs(self.model, mb, banned_token_ids=self._banned).logprobs
             loss = agg_loss(-lp, mb.loss_mask, "token-mean", global_token_count=tokens)
             loss.backward()
             nll += loss.detach().double()
@@ -426,7 +457,13 @@ class PolicyWorker:
         """This micro-batch's share of the global loss, its detached ``_SUM_KEYS`` vector, and
         its largest TIS weight."""
         cfg = self.config
-        out = token_logprobs(self.model, mb, temperature=cfg.temperature, with_entropy=True)
+        out = token_logprobs(
+            self.model,
+            mb,
+            temperature=cfg.temperature,
+            with_entropy=True,
+            banned_token_ids=self._banned,
+        )
         assert out.entropy is not None
         lp, mask, cu = out.logprobs, mb.loss_mask, mb.cu_seqlens
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()

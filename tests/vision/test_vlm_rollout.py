@@ -261,3 +261,36 @@ def test_agentloop_train_refuses_a_vision_language_model_at_start_naming_it(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert str(tiny_vlm_dir) in err and "vision-language model" in err and "eval" in err
+
+
+async def test_the_trainer_recomputes_the_engines_logprobs_on_multiturn_zoom_episodes(
+    engine: HFEngine, builder: TokenBuilder, vision: VisionProcessor, tiny_vlm_dir: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The policy worker, loaded from the taught VLM's directory, scores multi-turn episodes
+    (overview + crops, packed into one micro-batch) at the engine's logprobs: text level."""
+    import shutil
+
+    from agentloop.trainers.packing import train_seqs
+    from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+    model_dir = tmp_path / "taught-vlm"
+    engine.model.save_pretrained(model_dir)
+    for f in tiny_vlm_dir.iterdir():
+        if not (model_dir / f.name).exists() and f.suffix in (".json", ".jinja", ".txt"):
+            shutil.copy(f, model_dir / f.name)
+    config = RolloutConfig(max_turns=3, max_response_len=256, temperature=1.0)
+    groups = await collect(make(ENV).tasks("test", 1), ENV, engine, builder, config=config,
+                           group_size=1, seed=3)  # fmt: skip
+    trajs = [t for g in groups for t in g.trajectories]
+    assert any(len(t.images) >= 2 for t in trajs), [len(t.images) for t in trajs]
+    worker = PolicyWorker(model_dir, WorkerConfig(device="cpu"))
+    got = worker.compute_logprobs(train_seqs(trajs, [0.0] * len(trajs), vision=vision))
+    worst = max(
+        abs(float(lp[i]) - t.logprobs[i])
+        for t, lp in zip(trajs, got, strict=True)
+        for i, m in enumerate(t.loss_mask)
+        if m
+    )
+    print(f"multi-turn VLM engine-vs-trainer max |Δlogprob|: {worst:.3g}")
+    assert worst < 1e-4, worst  # the text HF engine's bound (tests/test_engines_local.py)
