@@ -276,6 +276,7 @@ class VLLMEngine:
 
         from agentloop.engines.vllm_ext import checkpoint_shapes
         from agentloop.engines.vllm_mm import start_failure_hint
+        from agentloop.engines.vllm_plugin import FAST_EXIT_ENV
         from agentloop.vision import vision_of
 
         cfg = self.config
@@ -311,6 +312,7 @@ class VLLMEngine:
         self._vision = vision_of(cfg.model)
         t0 = time.perf_counter()
         self._guard = OrphanGuard()  # guards the start-up too: it holds GPU memory the longest
+        os.environ[FAST_EXIT_ENV] = "1"  # for vLLM's processes, which inherit it (vllm_plugin.py)
         try:
             engine_args = AsyncEngineArgs(**args)
             # No local name for the AsyncLLM: a frame kept alive by a stored traceback would
