@@ -823,7 +823,8 @@ def resolve_model_path(path: str) -> Path:
         )
     if is_vision_model(path):
         raise ConfigError(
-            f"model.path={path!r} is a vision-language model, which the trainer cannot train "
-            "yet (it loads causal language models only); agentloop eval --engine hf plays it"
+            f"model.path={path!r} is a vision-language model, which agentloop train cannot "
+            "train yet (its rollouts are text-only; the policy worker itself takes Qwen2-VL "
+            "models); agentloop eval --engine hf plays it"
         )
     return Path(path).resolve()
