@@ -107,7 +107,10 @@ class WeightSyncExtension:
         if targets:
             with torch.no_grad():
                 for (param, start, rows), (_, view) in zip(targets, views, strict=True):
-                    param.narrow(0, start, rows).copy_(view)
+                    # a tensor-parallel worker on another GPU than the buffer: vLLM's sleep-mode
+                    # (cumem) weights are mapped for their own GPU only, and a peer copy into
+                    # them fails ("invalid argument"); stage the tensor on the parameter's GPU
+                    param.narrow(0, start, rows).copy_(view.to(param.device))
         else:
             self._reload(iter(views))
             if targets is None:  # first time: would the direct copies have given the same?

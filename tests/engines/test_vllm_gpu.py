@@ -87,9 +87,14 @@ async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-async def test_a_tensor_parallel_engine_takes_the_trainers_weights(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("chunk_bytes", [1 << 30, 1 << 20], ids=["one-chunk", "1MiB-chunks"])
+async def test_a_tensor_parallel_engine_takes_the_trainers_weights(
+    tiny_model_dir: Path, chunk_bytes: int
+) -> None:
     """vLLM with ``tensor_parallel_size=2`` next to a trainer on GPU 0: each transport reaches
-    both shards (the CUDA IPC buffer lives on GPU 0; the second worker opens it by UUID)."""
+    both shards (the CUDA IPC buffer lives on GPU 0; the second worker opens it by UUID). In
+    1 MiB chunks, a chunk of replicated tensors (the final norm) takes the direct copies from the
+    second sync on, on both GPUs."""
     from agentloop.engines.vllm import VLLMEngine
     from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
@@ -97,7 +102,8 @@ async def test_a_tensor_parallel_engine_takes_the_trainers_weights(tiny_model_di
     prompt = list(range(20, 52))
     base = [t.detach().clone() for t in _locals(worker)]
     engine = VLLMEngine.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
-                               gpu_memory_utilization=0.2, tensor_parallel_size=2)  # fmt: skip
+                               gpu_memory_utilization=0.2, tensor_parallel_size=2,
+                               weight_chunk_bytes=chunk_bytes)  # fmt: skip
     async with engine:
         for transport in ("cuda_ipc", "cuda_ipc", "file", "bytes"):
             _perturb(worker, base)
@@ -105,7 +111,8 @@ async def test_a_tensor_parallel_engine_takes_the_trainers_weights(tiny_model_di
             stats = await engine.update_weights(
                 worker.state_dict_for_inference(), transport=transport
             )
-            assert not stats.direct  # sharded parameters: always the model's load_weights
+            assert (stats.chunks > 1) == (chunk_bytes < 1 << 30), stats
+            assert not stats.direct  # sharded parameters: never all plain copies
             assert await _gap(engine, worker, prompt) < 0.1, transport
 
 
