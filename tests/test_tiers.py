@@ -33,6 +33,7 @@ KNOWN: dict[str, set[str]] = {
     "tests/trainers/test_disagg_ray.py": {"vllm", "ray", "e2e"},
     "tests/trainers/test_sft_calc.py": {"vllm", "e2e"},
     "tests/recipes/test_demo.py": {"vllm", "e2e"},
+    "tests/trainers/test_example_config.py": {"vllm", "e2e"},
     "tests/sandboxes/test_sandbox_docker.py": {"slow"},
 }
 #: single tests of otherwise quick modules.

@@ -37,6 +37,7 @@ LANE_B = frozenset({
     "tests/engines/test_vllm_tool_io.py",
     "tests/recipes/test_demo.py",
     "tests/trainers/test_sft_calc.py",
+    "tests/trainers/test_example_config.py",
     "tests/trainers/test_async_vllm.py",
     "tests/trainers/test_train_agent.py",
     "tests/trainers/test_train_guard_cli.py",

@@ -53,6 +53,8 @@ T = TypeVar("T")
 PLACEMENTS = ("local", "ray")
 MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
+#: ``model.path`` names of the models built here on first use (:func:`resolve_model_path`).
+MODEL_NAMES = ("tiny", "tiny-calc")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
 GROUP_ESTIMATORS = ("grpo", "rloo", "turn_rloo")
@@ -70,8 +72,10 @@ class ModelConfig:
     """The model a run starts from: the policy, and the frozen reference model when KL is used."""
 
     path: str = "tiny"
-    """A local HF model directory (``config.json``, safetensors, tokenizer), or ``tiny`` for
-    the locally generated tiny model (built on first use). Nothing is downloaded from a hub."""
+    """A local HF model directory (``config.json``, safetensors, tokenizer), or a model built
+    here on first use and cached: ``tiny`` (the random tiny model: every Calc reward is 0) or
+    ``tiny-calc`` (the tiny model after the demo's cold-start SFT, which solves some Calc tasks).
+    Nothing is downloaded from a hub."""
 
 
 @dataclass(frozen=True)
@@ -811,15 +815,27 @@ def example_config(name: str) -> Path:
 
 
 def resolve_model_path(path: str) -> Path:
-    """``tiny`` → the locally generated tiny model (built on first use); else a model directory
-    of a language model."""
+    """A model built here by name (:data:`MODEL_NAMES`; built on first use, then cached), else
+    a model directory of a language model.
+
+    - ``tiny``: the random tiny model (:func:`agentloop.testing.tiny.tiny_model_dir`); it never
+      solves a Calc task, so it exercises the pipeline but cannot learn;
+    - ``tiny-calc``: the tiny model after the demo's cold-start SFT
+      (:func:`agentloop.trainers.tiny_calc.tiny_calc_model_dir`; ``agentloop demo`` leaves it
+      behind): it solves some Calc tasks, so GRPO's groups have rewards to learn from.
+    """
     if path == "tiny":
         from agentloop.testing.tiny import tiny_model_dir
 
         return tiny_model_dir()
+    if path == "tiny-calc":
+        from agentloop.trainers.tiny_calc import tiny_calc_model_dir
+
+        return tiny_calc_model_dir()
     if not Path(path).is_dir():
         raise ConfigError(
-            f"model.path={path!r} is not a directory; pass a local HF model dir, or 'tiny'"
+            f"model.path={path!r} is not a directory; pass a local HF model dir, or one of the "
+            f"models built here: {', '.join(MODEL_NAMES)}"
         )
     if is_vision_model(path):
         raise ConfigError(

@@ -33,6 +33,7 @@ __all__ = [
     "DemoConfigs",
     "DemoResult",
     "load_demo_configs",
+    "make_demo_traces",
     "run_demo",
 ]
 
@@ -175,7 +176,8 @@ def _stage(console: Any, seconds: dict[str, float], name: str, title: str) -> Ca
     return run
 
 
-def _traces(cfg: DemoConfig, path: Path) -> Path:
+def make_demo_traces(cfg: DemoConfig, path: Path) -> Path:
+    """Play the scripted expert through Calc-v0 into the SFT traces file ``path``."""
     from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
 
     traces = TraceConfig(
@@ -208,6 +210,7 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
     from agentloop.testing.tiny import tiny_model_dir
     from agentloop.trainers.demo_report import finish
     from agentloop.trainers.sft import run_sft
+    from agentloop.trainers.tiny_calc import publish_tiny_calc
 
     console = console or Console()
     cfg, out = configs.demo, Path(configs.demo.out_dir)
@@ -222,7 +225,7 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
     )
     console.print(f"model: {tiny}")
     _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real Calc-v0 env")(
-        _traces, cfg, out / "traces.jsonl"
+        make_demo_traces, cfg, out / "traces.jsonl"
     )
     sft = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
         run_sft, configs.sft
@@ -231,6 +234,8 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
         f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
         f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
     )
+    if sft.export_dir is not None and (cached := publish_tiny_calc(configs, sft.export_dir)):
+        console.print(f"[dim]also cached as model.path=tiny-calc: {cached}[/]")
     _stage(
         console,
         seconds,

@@ -125,13 +125,14 @@ async def train_async(
     notices = RunNotices(out)
     for message in cfg.notices():
         notices.note(message, message)
-    model_dir = resolve_model_path(cfg.model.path)
     # the env of every episode, with data.tools added (listed once: a server that is not up
     # fails here, named; a replay makes them from the recording)
     env_of = env_factory(cfg.data.env, cfg.data.env_kwargs, cfg.data.tools, cfg.rollout.tool_io())
     env = env_of()
     if cfg.rollout.tool_io().uses_live_tools:  # a replay needs no tool service
         await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
+    # after the cheap checks: a named model (tiny-calc) may be built here, minutes of CPU work
+    model_dir = await asyncio.to_thread(resolve_model_path, cfg.model.path)
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)

@@ -61,7 +61,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
 
 def test_batch_sizes_are_derived_and_described() -> None:
     overrides = ["trainer.placement=ray", "trainer.num_workers=2", "trainer.mini_batches=2",
-                 "trainer.ppo_epochs=3", "trainer.prompts_per_step=8",
+                 "trainer.ppo_epochs=3", "trainer.prompts_per_step=8", "rollout.n=4",
                  "actor.max_tokens_per_micro_batch=1000"]  # fmt: skip
     cfg = load_config(TrainConfig, TINY, overrides)
     sizes = batch_sizes(cfg, num_tasks=100)
@@ -95,10 +95,10 @@ def test_the_loader_takes_any_dataclass_schema(tmp_path: Path) -> None:
         (["actor.lr=fast"], r"actor\.lr.*could not be converted"),
         (["trainer.total_steps"], r"not key=value"),
         (["trainer.num_workers=2"], r"trainer\.num_workers=2 with trainer\.placement=local.*set"),
-        (["trainer.mini_batches=3"], r"prompts_per_step=4 is not divisible by .*mini_batches=3"),
+        (["trainer.mini_batches=3"], r"prompts_per_step=8 is not divisible by .*mini_batches=3"),
         (
             ["trainer.placement=ray", "trainer.num_workers=3"],
-            r"8 sequences per mini-batch, not divisible by trainer\.num_workers=3",
+            r"64 sequences per mini-batch, not divisible by trainer\.num_workers=3",
         ),
         (["actor.temperature=0.7"], r"actor\.temperature=0\.7 but rollout\.temperature=1\.0"),
         (["algorithm.overlong_buffer=100"], r"overlong_buffer=100 exceeds .*max_response_len=64"),
@@ -114,11 +114,11 @@ def test_the_loader_takes_any_dataclass_schema(tmp_path: Path) -> None:
         (["rollout.max_turns=0"], r"rollout\.max_turns must be >= 1"),
         (["actor.clip_ratio_low=1.5"], r"WorkerConfig\.clip_ratio_low=1\.5"),
         (
-            ["rollout.n=1"],
+            ["rollout.n=1", "algorithm.dynamic_sampling=false"],
             r"rollout\.n=1 with algorithm\.adv_estimator=grpo: .*no baseline.*n >= 2",
         ),
         (
-            ["rollout.n=1", "algorithm.adv_estimator=rloo"],
+            ["rollout.n=1", "algorithm.dynamic_sampling=false", "algorithm.adv_estimator=rloo"],
             r"rollout\.n=1 with algorithm\.adv_estimator=rloo.*reinforce_plus_plus",
         ),
         (
@@ -146,13 +146,13 @@ def test_cli_prints_the_config_and_sizes(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["train", "--print-config", "grpo_calc_tiny", "trainer.total_steps=2"]) == 0
     out = capsys.readouterr().out
     assert "total_steps: 2" in out
-    assert "4 prompts × n=4 = 16 sequences per step" in out
+    assert "8 prompts × n=8 = 64 sequences per step" in out
 
 
 def test_cli_reports_config_errors_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", str(TINY), "trainer.mini_batches=3"]) == 2
     err = capsys.readouterr().err
-    assert "agentloop train: error: trainer.prompts_per_step=4" in err
+    assert "agentloop train: error: trainer.prompts_per_step=8" in err
     assert "Traceback" not in err
 
 
@@ -160,7 +160,8 @@ def test_allowed_degenerate_settings_are_notices() -> None:
     """lr=0 (a pipeline check) and KL twice (an ablation) are allowed, but each is a notice
     that the run warns about and records; REINFORCE++ with n=1 and GSPO done right are fine."""
     assert load_config(TrainConfig, TINY).notices() == ()
-    ok = ["rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"]
+    ok = ["rollout.n=1", "algorithm.dynamic_sampling=false"]
+    ok += ["algorithm.adv_estimator=reinforce_plus_plus"]
     ok += ["actor.policy_loss=gspo", "actor.loss_agg_mode=seq-mean-token-mean"]
     assert load_config(TrainConfig, TINY, ok).notices() == ()
     lr0, kl2 = load_config(
@@ -228,7 +229,8 @@ async def test_an_update_short_of_mini_batches_warns_once_and_records_it(tmp_pat
         async def train_step(self, chunk: list[object]) -> dict[str, float]:
             return {"loss": float(len(chunk))}
 
-    cfg = load_config(TrainConfig, TINY, ["trainer.placement=ray", "trainer.num_workers=2"])
+    overrides = ["trainer.placement=ray", "trainer.num_workers=2", "trainer.mini_batches=2"]
+    cfg = load_config(TrainConfig, TINY, overrides)
     run = _Run(cfg, tmp_path, tmp_path, None, None, TwoWorkers(), notices=RunNotices(tmp_path))  # type: ignore[arg-type]
     with pytest.warns(RunNotice, match=r"step 3: only 3 sequences .* used 1 mini-batch\(es\) "):
         metrics = await _update(run, [object()] * 3, 3)  # type: ignore[list-item]
