@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agentloop.trainers.demo import DemoConfigs, load_demo_configs, make_demo_traces
 
-__all__ = ["publish_tiny_calc", "tiny_calc_model_dir"]
+__all__ = ["publish_tiny_calc", "tiny_calc_dir", "tiny_calc_model_dir"]
 
 _VERSION = 1  # bump when what the key cannot see changes (the trace generator, the SFT code)
 #: Settings that do not change the model: where files go, how the traces' tool runs (the fake
@@ -44,11 +44,12 @@ def _key(configs: DemoConfigs) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _cache_dir(key: str) -> Path:
+def tiny_calc_dir(configs: DemoConfigs) -> Path:
+    """Where the cold start of ``configs`` is cached (whether or not it is there yet)."""
     from agentloop.testing.tiny import tiny_model_dir
 
     base = tiny_model_dir()
-    return base.parent / f"{base.name}-calc-sft-{key}"
+    return base.parent / f"{base.name}-calc-sft-{_key(configs)}"
 
 
 def _copy_model(src: Path, dst: Path) -> None:
@@ -63,7 +64,7 @@ def tiny_calc_model_dir() -> Path:
 
     with tempfile.TemporaryDirectory() as tmp:  # the key ignores paths; any out_dir will do
         configs = load_demo_configs([f"demo.out_dir={tmp}", "demo.trace_sandbox=fake"])
-        target = _cache_dir(_key(configs))
+        target = tiny_calc_dir(configs)
         if not (target / "model.safetensors").is_file():
             print(
                 f"model.path=tiny-calc: building it once into {target} (the demo's traces and "
@@ -93,7 +94,6 @@ def publish_tiny_calc(configs: DemoConfigs, export_dir: Path) -> Path | None:
 
     with tempfile.TemporaryDirectory() as tmp:
         shipped = load_demo_configs([f"demo.out_dir={tmp}"])
-    key = _key(configs)
-    if key != _key(shipped):
+    if _key(configs) != _key(shipped):
         return None
-    return cached_build(_cache_dir(key), lambda out: _copy_model(export_dir, out))
+    return cached_build(tiny_calc_dir(configs), lambda out: _copy_model(export_dir, out))
