@@ -28,7 +28,7 @@ from agentloop.trainers.tiny_calc import tiny_calc_dir
 STEPS = 2
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)  # the demo fixture included, when this test builds it
 def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_from(
     train_cli: TrainCLI, demo_run: DemoRun, tmp_path: Path
 ) -> None:
@@ -39,7 +39,7 @@ def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_
             f"trainer.val_every={STEPS}", "data.num_val_tasks=16",
             "logging.progress=false"]  # fmt: skip
     proc = train_cli.spawn(args, log)
-    assert proc.wait(1500) == 0, log.read_text()[-3000:]
+    assert proc.wait(1200) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "building it once" not in text, "the demo's SFT was not published as tiny-calc"
     [model_dir] = [
@@ -51,7 +51,7 @@ def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_
         json.loads((out / "val" / "step_000000" / SUMMARY_FILE).read_text())
     )
     assert before.reward.mean > 0, before
-    metrics = read_metrics(out)
+    metrics = {s: m for s, m in read_metrics(out).items() if s > 0}  # step 0: validation only
     assert sorted(metrics) == list(range(1, STEPS + 1))
     rows = [r for s in metrics for r in read_jsonl(out / "trajectories" / f"step_{s:06d}.jsonl")]
     groups: dict[tuple[int, int], list[float]] = {}
