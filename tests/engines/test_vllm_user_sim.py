@@ -26,13 +26,16 @@ USER_TEXT = "Are you sure? Check it once more"
 
 
 def _user_turns_are_masked(traj: Trajectory, tokenizer: Any) -> bool:
-    """Every later user turn is in the ids with mask 0 (the first is part of the prompt)."""
+    """Every later user turn is in the ids with mask 0 (the first is part of the prompt). A turn
+    is found after its ChatML header: the model's own text can hold the same words."""
     later = [m for m in traj.messages[2:] if m.role == "user"]
+    header = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
     for message in later:
         ids = tokenizer.encode(message.content, add_special_tokens=False)
         starts = [
             i for i in range(traj.prompt_len, len(traj.token_ids) - len(ids) + 1)
             if list(traj.token_ids[i : i + len(ids)]) == ids
+            and list(traj.token_ids[i - len(header) : i]) == header
         ]  # fmt: skip
         assert starts, f"user turn {message.content!r} is not in the trajectory's ids"
         assert not any(traj.loss_mask[starts[0] : starts[0] + len(ids)])
