@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop.engines.base import Engine, SamplingParams
 from agentloop.engines.router import ReplicatedEngine
@@ -26,6 +26,9 @@ from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.group import WorkerGroup
 from agentloop.types import Completion
 from agentloop.vision import is_vision_model
+
+if TYPE_CHECKING:
+    from agentloop.trainers.disagg import RolloutPool
 
 __all__ = ["RayEngineClient", "open_ray_group"]
 
@@ -68,7 +71,16 @@ def _start_ray(cfg: TrainConfig) -> bool:
     if cfg.ray.address is not None:
         ray.init(address=cfg.ray.address, log_to_driver=True)
     else:
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=True)
+        # Ray starts its workers at nice 15 (worker_niceness), below its own daemons; here the
+        # workers are the run (trainers, vLLM engines), which local placement runs at nice 0.
+        # At 15 any busy process beside them (another job, the other test lane) starves them: a
+        # 2.3 s CPU task in an actor took 44 s beside two busy processes, 5.2 s at nice 0.
+        ray.init(
+            num_cpus=cfg.ray.num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            _system_config={"worker_niceness": 0},
+        )
     return True
 
 
@@ -114,7 +126,7 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
     started = _start_ray(cfg)
     pg: Any = None
     actors: list[Any] = []
-    pool: Any = None
+    pool: RolloutPool | None = None
     disaggregated = cfg.trainer.rollout_workers > 0 and spec.engine is not None
     engine_settings = spec.engine
     if disaggregated:
@@ -132,12 +144,11 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
                     max_concurrency=1024,
                 ).remote(spec)
             )
-        await asyncio.gather(*(a.start_engine.remote() for a in actors))
-        host, port = await actors[0].address.remote()
+        if disaggregated:
+            assert engine_settings is not None
+            pool = _rollout_pool(cfg, pg, actors, spec.model_dir, engine_settings)
+        info = await _start(actors, pool)
         n = len(actors)
-        info = await asyncio.gather(
-            *(a.setup.remote(i, n, f"tcp://{host}:{port}") for i, a in enumerate(actors))
-        )
 
         async def call_all(method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
             refs = [getattr(a, method).remote(*x) for a, x in zip(actors, args, strict=True)]
@@ -149,9 +160,8 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
             if spec.engine
             else None
         )
-        if disaggregated:
-            assert engine_settings is not None
-            pool = engine = await _rollout_pool(cfg, pg, actors, spec.model_dir, engine_settings)
+        if pool is not None:
+            engine = pool
         log.info("ray workers: %s", info)
         yield WorkerGroup(call_all, n, engine, info, pool=pool)
     finally:
@@ -160,10 +170,39 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
         await _teardown(actors, pg, started)
 
 
-async def _rollout_pool(
+async def _start(trainers: list[Any], pool: RolloutPool | None) -> list[dict[str, Any]]:
+    """Start the trainer actors (engines first, then the process group and the policy shards)
+    and, beside them, the rollout workers of ``pool`` (if any): the trainers load the policy
+    while the workers start vLLM, tens of seconds each on a small machine. The first failure
+    is raised (the caller closes what started); the trainers' info, in rank order."""
+
+    async def trainers_up() -> list[dict[str, Any]]:
+        await asyncio.gather(*(a.start_engine.remote() for a in trainers))
+        host, port = await trainers[0].address.remote()
+        n = len(trainers)
+        return list(
+            await asyncio.gather(
+                *(a.setup.remote(i, n, f"tcp://{host}:{port}") for i, a in enumerate(trainers))
+            )
+        )
+
+    up = asyncio.ensure_future(trainers_up())
+    jobs: list[asyncio.Future[Any]] = [up]
+    if pool is not None:
+        jobs.append(asyncio.ensure_future(pool.start()))
+    try:
+        await asyncio.gather(*jobs)
+    except BaseException:
+        for job in jobs:  # stop waiting for the other side
+            job.cancel()
+        raise
+    return up.result()
+
+
+def _rollout_pool(
     cfg: TrainConfig, pg: Any, trainers: list[Any], model_dir: str, settings: dict[str, Any]
-) -> Any:
-    """The rollout workers of a disaggregated run (bundles after the trainers'), started."""
+) -> RolloutPool:
+    """The rollout workers of a disaggregated run (bundles after the trainers'), not started."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -183,7 +222,7 @@ async def _rollout_pool(
             max_concurrency=1024,
         ).remote(model_dir, settings)
 
-    pool = RolloutPool(
+    return RolloutPool(
         make_actor,
         cfg.trainer.rollout_workers,
         trainers,
@@ -192,12 +231,6 @@ async def _rollout_pool(
         restart_timeout_s=cfg.ray.restart_timeout_s,
         push_timeout_s=cfg.ray.weight_push_timeout_s,
     )
-    try:
-        await pool.start()
-    except BaseException:
-        await pool.close()
-        raise
-    return pool
 
 
 async def _teardown(actors: list[Any], pg: Any, started: bool) -> None:

@@ -108,7 +108,13 @@ def ray_cluster() -> Iterator[Any]:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": 128 << 20},
+        # nice 0, as agentloop's own Ray (trainers/ray_group.py): at Ray's default 15 the other
+        # test lane starves these workers
+        head_node_args={
+            "num_cpus": 1,
+            "object_store_memory": 128 << 20,
+            "_system_config": {"worker_niceness": 0},
+        },
     )
     try:
         cluster.add_node(num_cpus=1, object_store_memory=128 << 20)

@@ -2,8 +2,8 @@
 
 One run (the session fixture ``local_run``, tests/trainers/conftest.py) of a few steps serves
 most tests: weight sync checked by numbers after every step, checkpoints, validation, the HF
-export served by vLLM; and a second run killed with SIGKILL and resumed must replay the same
-data order.
+export served by vLLM; and a second run, its trainer killed with SIGKILL (its vLLM must go down
+with it) and resumed, must replay the same data order.
 """
 
 from __future__ import annotations
@@ -93,32 +93,6 @@ def _data_order(out: Path) -> dict[int, list[tuple[str, int]]]:
     return order
 
 
-def test_kill_9_then_resume_auto_continues_with_the_same_data_order(
-    local_run: LocalRun, train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    out, log = tmp_path / "run", tmp_path / "train.log"
-    config = tmp_path / "run.yaml"
-    config.write_text("{}\n")  # everything comes from the overrides, as in local_run
-    # validation and the export do not touch the data order; skip them to save time
-    extra = ["trainer.val_every=0", "checkpoint.export_final=false"]
-    args = [str(config), *run_overrides(tiny_model_dir, out), *extra]
-    proc = train_cli.spawn(args, log)
-    try:
-        train_cli.wait_for(out / "checkpoints" / "step_00000001" / "trainer_state.pt", proc, 900)
-    finally:
-        train_cli.kill(proc)
-    assert proc.returncode == -signal.SIGKILL
-    assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
-    resumed = train_cli.spawn(args, log)
-    assert resumed.wait(900) == 0, log.read_text()[-3000:]
-    assert "resumed from" in log.read_text() and "(step 1;" in log.read_text()
-    assert _data_order(out) == _data_order(local_run.out)
-    metrics = read_metrics(out)
-    assert sorted(metrics) == [1, 2, 3]
-    for step in (2, 3):  # the engine got the restored weights before generating again
-        assert metrics[step]["mismatch/abs_diff_mean"] < 1e-4
-
-
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     out = []
     for p in procs:
@@ -128,21 +102,26 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
-async def test_kill_9_of_the_trainer_alone_takes_its_vllm_down(
-    train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
+async def test_kill_9_of_the_trainer_takes_its_vllm_down_and_resume_auto_keeps_the_data_order(
+    local_run: LocalRun, train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Issue 21 (item 12): SIGKILL to the ``agentloop train`` process only — not to its process
-    group, as ``TrainCLI.kill`` does, which would take vLLM down whatever the engine does —
-    while its vLLM runs: the engine's processes (found before the kill) are gone within 60 s."""
+    """SIGKILL to the ``agentloop train`` process only, after step 1's checkpoint, while its
+    vLLM runs. Issue 21 (item 12): the engine's processes (found before the kill) are gone
+    within 60 s; a kill of the process group, as ``TrainCLI.kill`` does, would take vLLM down
+    whatever the engine does. Then ``resume=auto`` continues with the same data order as the
+    uninterrupted ``local_run``, on the restored weights. One run serves both checks: each is a
+    whole ``agentloop train`` start-up with vLLM (about a minute of CPU)."""
     out, log = tmp_path / "run", tmp_path / "train.log"
     config = tmp_path / "run.yaml"
-    config.write_text("{}\n")
+    config.write_text("{}\n")  # everything comes from the overrides, as in local_run
+    # validation and the export do not touch the data order; skip them to save time
     extra = ["trainer.val_every=0", "checkpoint.export_final=false"]
-    proc = train_cli.spawn([str(config), *run_overrides(tiny_model_dir, out), *extra], log)
+    args = [str(config), *run_overrides(tiny_model_dir, out), *extra]
+    proc = train_cli.spawn(args, log)
     engine: list[psutil.Process] = []
     try:
-        # step 1's rollouts are saved: vLLM has started and generated
-        train_cli.wait_for(out / "trajectories" / "step_000001.jsonl", proc, 900)
+        # step 1 is saved: vLLM has started and generated
+        train_cli.wait_for(out / "checkpoints" / "step_00000001" / "trainer_state.pt", proc, 900)
         kids = psutil.Process(proc.pid).children(recursive=True)
         engine = [p for p in kids if p.name().startswith("VLLM")]
         assert engine, f"the run has no VLLM:: process: {[p.name() for p in kids]}"
@@ -154,3 +133,12 @@ async def test_kill_9_of_the_trainer_alone_takes_its_vllm_down(
             p.kill()
         with contextlib.suppress(ProcessLookupError):  # whatever else of the run is left
             os.killpg(proc.pid, signal.SIGKILL)
+    assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
+    resumed = train_cli.spawn(args, log)
+    assert resumed.wait(900) == 0, log.read_text()[-3000:]
+    assert "resumed from" in log.read_text() and "(step 1;" in log.read_text()
+    assert _data_order(out) == _data_order(local_run.out)
+    metrics = read_metrics(out)
+    assert sorted(metrics) == [1, 2, 3]
+    for step in (2, 3):  # the engine got the restored weights before generating again
+        assert metrics[step]["mismatch/abs_diff_mean"] < 1e-4
