@@ -308,6 +308,19 @@ def test_compare_needs_shared_tasks(tmp_path: Path) -> None:
     assert main(["eval", "--env", ENV]) == 2  # --model and --out are missing
 
 
+def test_engine_args_that_are_not_a_mapping_are_a_clear_error(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--engine-arg engine_args=...`` must be JSON: YAML-ish text is named, not a traceback."""
+    pytest.importorskip("vllm")
+    args = ["eval", "--env", ENV, "--model", str(tiny_model_dir), "--out", str(tmp_path / "r")]
+    bad = "engine_args={block_size: 32}"
+    assert main([*args, "--engine", "vllm", "--engine-arg", bad]) == 2
+    err = capsys.readouterr().err
+    assert "vllm.engine_args must be a mapping" in err and "'{block_size: 32}'" in err, err
+    assert """engine_args={"block_size": 32}""" in err, err
+
+
 async def test_open_engine_builds_the_openai_client(tiny_model_dir: Path) -> None:
     from agentloop.engines.openai_http import OpenAIEngine
     from agentloop.eval import open_engine

@@ -115,6 +115,12 @@ class VLLMConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", str(self.model))
+        if not isinstance(self.engine_args, Mapping):
+            raise ConfigError(
+                f"vllm.engine_args must be a mapping of AsyncEngineArgs, got "
+                f"{self.engine_args!r}; on the command line give it as JSON, e.g. "
+                """--engine-arg 'engine_args={"block_size": 32}'"""
+            )
         object.__setattr__(self, "engine_args", MappingProxyType(dict(self.engine_args)))
         if not Path(self.model).is_dir():
             raise ConfigError(
