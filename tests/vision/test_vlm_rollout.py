@@ -1,10 +1,9 @@
 """Multi-turn ZoomVQA episodes on the tiny VLM with the HF engine: token-exact ids, placeholder
 runs that match the image grids, and logprobs that the model reproduces on the stored trajectory.
 
-The random tiny VLM would never write a tool call, so the fixture first teaches it one (a few
-dozen Adam steps on ``<tool_call>{"name": "image_zoom_in", ...}</tool_call>`` after the prompt
-and after a zoom observation). Everything after that is the real pipeline: the HF engine samples
-(temperature 1) with the vision tokens banned, the env crops, the builder expands placeholders.
+The fixture first teaches the random tiny VLM the zoom call (vlm_helpers.py). Everything after
+that is the real pipeline: the HF engine samples (temperature 1) with the vision tokens banned,
+the env crops, the builder expands placeholders.
 """
 
 from __future__ import annotations
@@ -15,6 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vlm_helpers import (
+    ENV,
+    MAX_PIXELS,
+    check_token_exact,
+    recomputed_logprobs,
+    save_taught,
+    teach_the_tool_call,
+)
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
@@ -22,18 +29,10 @@ from agentloop.engines.base import SamplingParams
 from agentloop.engines.hf import HFEngine
 from agentloop.envs import make
 from agentloop.rollout import RolloutConfig, rollout
-from agentloop.types import Completion, Message, StopReason, ToolCall, Trajectory
-from agentloop.vision import VisionProcessor, check_image_placeholders, image_spans
+from agentloop.types import Completion, StopReason
+from agentloop.vision import VisionProcessor, check_image_placeholders
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-ENV = "agentloop/ZoomVQA-v0"
-BOX = [300, 200, 700, 500]  # 400x300: a crop of 48 image tokens after the processor's resize
-CALL = (
-    '<tool_call>\n{"name": "image_zoom_in", "arguments": {"bbox_2d": '
-    + json.dumps(BOX)
-    + "}}\n</tool_call>"
-)
 
 
 class RecordingEngine:
@@ -61,10 +60,9 @@ class RecordingEngine:
 
 @pytest.fixture(scope="module")
 def vision(tiny_vlm_dir: Path, vlm_tokenizer: Any) -> VisionProcessor:
-    """A smaller pixel budget than the model's default (at most 48 tokens an image): the same
-    code path, shorter sequences, a faster test on two CPU cores."""
+    """The model's processor with the tests' smaller pixel budget (vlm_helpers.MAX_PIXELS)."""
     return VisionProcessor.from_pretrained(
-        tiny_vlm_dir, tokenizer=vlm_tokenizer, max_pixels=48 * 28 * 28
+        tiny_vlm_dir, tokenizer=vlm_tokenizer, max_pixels=MAX_PIXELS
     )
 
 
@@ -74,84 +72,13 @@ def builder(vlm_tokenizer: Any, vision: VisionProcessor) -> TokenBuilder:
     return TokenBuilder(vlm_tokenizer, tools=make(ENV).tool_schemas, vision=vision)
 
 
-async def _teaching_sequence(builder: TokenBuilder) -> tuple[list[int], list[Any], list[int]]:
-    """prompt + CALL + (real) zoom observation + CALL, with the positions of the two calls."""
-    env = make(ENV)
-    messages, _ = await env.reset(options={"task": env.tasks("train", 1)[0]})
-    call_ids = [*builder.encode(CALL), builder.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    action = Message("assistant", CALL, (ToolCall("image_zoom_in", {"bbox_2d": BOX}, id="t"),))
-    obs = (await env.step(action)).observation
-    await env.close()
-    prompt = builder.prompt_ids(messages)
-    obs_ids = builder.observation_ids(obs, call_ids)
-    ids = [*prompt, *call_ids, *obs_ids, *call_ids]
-    first = list(range(len(prompt), len(prompt) + len(call_ids)))
-    second = list(range(len(ids) - len(call_ids), len(ids)))
-    return ids, [messages[-1].images[0], obs[0].images[0]], first + second
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_vlm_dir: Path, builder: TokenBuilder, vision: VisionProcessor) -> HFEngine:
-    import asyncio
-
-    import torch
-
     engine = HFEngine.from_pretrained(tiny_vlm_dir)
     assert engine.vision is not None and engine.vision.max_pixels == 128 * 28 * 28
     engine.vision = vision  # the engine must see the images exactly as the builder counted them
-    ids, images, targets = asyncio.run(_teaching_sequence(builder))
-    inputs = vision.model_inputs(ids, images)
-    labels = torch.tensor([ids[t] for t in targets])
-    before = torch.tensor([t - 1 for t in targets])
-    model = engine.model
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    torch.manual_seed(0)
-    model.train()
-    for _ in range(150):
-        logits = model(**inputs).logits[0]
-        loss = torch.nn.functional.cross_entropy(logits[before], labels)
-        if loss.item() < 0.005:
-            break
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    assert loss.item() < 0.05, f"the tiny VLM did not learn the tool call (loss {loss.item()})"
+    teach_the_tool_call(engine.model, builder, vision)
     return engine
-
-
-def recomputed_logprobs(engine: HFEngine, t: Trajectory) -> list[float]:
-    """The HF model's logprobs of ``t``'s ids, from one forward pass on the stored ids + images
-    (vision tokens banned, as when sampling; temperature 1)."""
-    import torch
-
-    assert engine.vision is not None
-    with torch.no_grad():
-        logits = engine.model(**engine.vision.model_inputs(t.token_ids, t.images)).logits[0]
-    logits[:, list(engine.vision.tokens.banned)] = float("-inf")
-    ids = torch.tensor(t.token_ids)
-    lp = torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, ids[1:, None])[:, 0]
-    return [0.0, *lp.tolist()]
-
-
-def _check_token_exact(t: Trajectory, calls: list[Any], vision: Any) -> None:
-    assert calls, f"no engine call for {t.task_id}"
-    for _, prompt, images, completion in calls:
-        n, m = len(prompt), len(completion.token_ids)
-        assert t.token_ids[: n + m] == prompt + completion.token_ids  # given + sampled, exactly
-        assert t.loss_mask[n : n + m] == (1,) * m and t.logprobs[n : n + m] == completion.logprobs
-        assert images == t.images[: len(images)]  # the engine saw the images of its prompt
-        assert len(image_spans(prompt, vision.tokens.image)) == len(images)
-        assert not set(completion.token_ids) & set(vision.tokens.banned)
-    _, prompt, _, completion = calls[-1]
-    end = len(prompt) + len(completion.token_ids)
-    if end < len(t.token_ids):  # only the last turn's observation, never sampled from
-        assert t.stop_reason == StopReason.MAX_TURNS and not any(t.loss_mask[end:])
-    assert sum(t.loss_mask) == sum(len(c[3].token_ids) for c in calls)
-    assert list(t.image_grids) == [vision.grid(im) for im in t.images]
-    check_image_placeholders(
-        t.token_ids, t.image_grids, image_token_id=vision.tokens.image, merge_size=2
-    )
 
 
 async def test_multiturn_vlm_episodes_are_token_exact(
@@ -168,8 +95,8 @@ async def test_multiturn_vlm_episodes_are_token_exact(
     assert multi, [(t.stop_reason, len(t.turns)) for t in trajectories]
     for t in trajectories:
         session = f"{t.task_id}#{t.sample_index}"
-        _check_token_exact(t, [c for c in recorder.calls if c[0] == session], vision)
-        got = recomputed_logprobs(engine, t)
+        check_token_exact(t, [c for c in recorder.calls if c[0] == session], vision)
+        got = recomputed_logprobs(engine.model, vision, t)
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         worst = max(abs(got[i] - t.logprobs[i]) for i in sampled)
         assert worst < 2e-4, f"{t.task_id}: logprobs differ by {worst}"
@@ -211,23 +138,10 @@ def test_agentloop_eval_plays_zoom_episodes_and_the_viewer_shows_every_crop(
     taught tiny VLM, saved with the smaller pixel budget) builds the vision TokenBuilder itself;
     episodes zoom with no env/engine error, the trajectory file keeps the images, and ``agentloop
     view`` shows the overview image and every crop."""
-    import shutil
-
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
     from agentloop.cli import main
     from agentloop.viewer import view_data
 
-    model_dir = tmp_path / "taught-vlm"
-    engine.model.save_pretrained(model_dir)
-    for f in tiny_vlm_dir.iterdir():
-        if not (model_dir / f.name).exists() and f.suffix in (".json", ".jinja", ".txt"):
-            shutil.copy(f, model_dir / f.name)
-    Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=48 * 28 * 28).save_pretrained(
-        model_dir
-    )
+    model_dir = save_taught(engine.model, tiny_vlm_dir, tmp_path / "taught-vlm")
     out = tmp_path / "eval"
     args = ["eval", "--env", ENV, "--model", str(model_dir), "--engine", "hf", "--quiet",
             "--num-tasks", "1", "--n", "2", "--max-turns", "2", "--temperature", "0",
@@ -269,16 +183,10 @@ async def test_the_trainer_recomputes_the_engines_logprobs_on_multiturn_zoom_epi
 ) -> None:  # fmt: skip
     """The policy worker, loaded from the taught VLM's directory, scores multi-turn episodes
     (overview + crops, packed into one micro-batch) at the engine's logprobs: text level."""
-    import shutil
-
     from agentloop.trainers.packing import train_seqs
     from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
-    model_dir = tmp_path / "taught-vlm"
-    engine.model.save_pretrained(model_dir)
-    for f in tiny_vlm_dir.iterdir():
-        if not (model_dir / f.name).exists() and f.suffix in (".json", ".jinja", ".txt"):
-            shutil.copy(f, model_dir / f.name)
+    model_dir = save_taught(engine.model, tiny_vlm_dir, tmp_path / "taught-vlm")
     config = RolloutConfig(max_turns=3, max_response_len=256, temperature=1.0)
     groups = await collect(make(ENV).tasks("test", 1), ENV, engine, builder, config=config,
                            group_size=1, seed=3)  # fmt: skip
