@@ -15,8 +15,6 @@ __all__ = ["SlotPool"]
 
 log = logging.getLogger(__name__)
 
-_CLOSE_WAIT_S = 30.0  # close() waits this long for slot work in flight, then cancels it
-
 
 class SlotPool:
     """Launchers reused sandbox after sandbox. Cold runs ``take()`` one of at most ``max_slots``
@@ -107,11 +105,6 @@ class SlotPool:
                 self._changed.notify()
 
     async def close(self) -> None:
-        # Let the starts, scrubs and drops in flight finish first (each is bounded): a drop
-        # cancelled halfway leaves its slot's cgroup behind, with whatever sandbox escaped the
-        # last kill in it (a bwrap caught mid-clone), and the slot is no longer in _all.
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=_CLOSE_WAIT_S)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
