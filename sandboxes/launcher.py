@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 from collections.abc import Mapping, Sequence
 
 from agentloop.errors import SandboxError
@@ -189,7 +190,7 @@ class Launcher:
     """A launcher process (in ``cgroup`` when there is one) and the socket to drive it."""
 
     def __init__(
-        self, proc: asyncio.subprocess.Process, sock: socket.socket, cg: Cgroup | None
+        self, proc: subprocess.Popen[bytes], sock: socket.socket, cg: Cgroup | None
     ) -> None:
         self.proc = proc
         self.pid = proc.pid
@@ -199,19 +200,20 @@ class Launcher:
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None
+        return self.proc.poll() is None
 
     @classmethod
     async def start(cls, python: str, cg: Cgroup | None) -> Launcher:
+        # A plain Popen, not asyncio's subprocess transport: the transport finishes starting in
+        # a task of its own, and when asyncio.run cancels every task at once (a run failing
+        # while launchers are still starting), that task is cancelled with ours and the
+        # process's exit is never delivered, so the shutdown hangs forever. Popen forks in this
+        # thread as the transport does, and the exit is awaited on a pidfd (``_wait_exit``).
         ours, theirs = socket.socketpair()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                python,
-                "-S",
-                "-c",
-                LAUNCHER_SOURCE,
-                str(theirs.fileno()),
-                stdin=asyncio.subprocess.DEVNULL,
+            proc = subprocess.Popen(
+                [python, "-S", "-c", LAUNCHER_SOURCE, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 env={},
             )
@@ -223,7 +225,7 @@ class Launcher:
                 await asyncio.to_thread(cg.attach, proc.pid)  # once, before it forks anything
             except BaseException:
                 proc.kill()
-                await proc.wait()
+                await _wait_exit(proc)
                 ours.close()
                 raise
         return cls(proc, ours, cg)
@@ -313,8 +315,24 @@ class Launcher:
     async def close(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        await self.proc.wait()
+        await _wait_exit(self.proc)
         self._sock.close()
+
+
+async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
+    """``proc``'s exit status, awaited on its pidfd (no thread, no child watcher)."""
+    if proc.poll() is not None:
+        return proc.returncode
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(proc.pid)
+    exited: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(pidfd, _wake, exited)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return proc.wait()
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

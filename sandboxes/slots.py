@@ -71,8 +71,7 @@ class SlotPool:
                     if slot.alive:
                         return slot
                     self._count -= 1
-                    self._all.discard(slot)
-                    self._spawn(drop_launcher(slot))
+                    self._spawn(self._drop(slot))
                 if self._count < self._max or not bounded:
                     self._count += 1
                     break
@@ -98,11 +97,16 @@ class SlotPool:
         if clean and self._count <= self._max:
             await self._put(slot)
         else:
-            self._all.discard(slot)
-            await drop_launcher(slot)
+            await self._drop(slot)
             async with self._changed:
                 self._count -= 1
                 self._changed.notify()
+
+    async def _drop(self, slot: Launcher) -> None:
+        # the slot stays ours until its drop is done: a drop cancelled halfway (the pool
+        # closing) is finished by close(), cgroup and any sandbox that escaped the kill included
+        await drop_launcher(slot)
+        self._all.discard(slot)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -224,3 +224,67 @@ async def test_stale_cgroups_of_dead_processes_are_reaped() -> None:
     async with make_sandbox("local", pool_size=0) as sb:
         assert sb.cgroup_version == root.version
         assert not any(Path(d).exists() for d in stale)
+
+
+_FAIL_WHILE_LAUNCHERS_START = """
+import asyncio
+from agentloop.sandboxes.base import SandboxLimits
+from agentloop.sandboxes.slots import SlotPool
+
+async def main():
+    # the launchers start in the loop's last round, then every task is cancelled
+    SlotPool(None, SandboxLimits(), "/usr/bin/python3").prewarm(4)
+    raise RuntimeError("the run failed")
+
+asyncio.run(main())
+"""
+
+
+def test_a_run_failing_while_launchers_start_shuts_down() -> None:
+    """``asyncio.run`` cancels every task at once when its coroutine fails: launchers still
+    starting then (a sandbox's pre-warm, right after a failed start-up check) must not hang it.
+    asyncio's subprocess transport did: the task that finishes its start was cancelled too, and
+    the exit of the killed launcher never reached the waiting task (the CI hang of 2026-11-27)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FAIL_WHILE_LAUNCHERS_START],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "RuntimeError: the run failed" in done.stderr, done.stderr
+
+
+async def test_closing_the_slot_pool_finishes_a_drop_it_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slot being dropped (its launcher stopped, its cgroup removed with any sandbox still in
+    it) stays the pool's until the drop is done: closing the pool mid-drop finishes it rather than
+    leave the cgroup, and a sandbox that escaped the last kill, behind (seen under load)."""
+    import signal
+
+    from agentloop.sandboxes import slots as slots_module
+
+    real_drop = slots_module.drop_launcher
+    started = asyncio.Event()
+    dropped: list[int] = []
+
+    async def slow_drop(slot: Any) -> None:
+        if not started.is_set():  # the first drop stalls: a cgroup whose processes die slowly
+            started.set()
+            await asyncio.Event().wait()
+        await real_drop(slot)
+        dropped.append(slot.pid)
+
+    monkeypatch.setattr(slots_module, "drop_launcher", slow_drop)
+    pool = slots_module.SlotPool(detect_cgroups(), SUITE_LIMITS, "/usr/bin/python3", max_slots=2)
+    slot = await pool.take()
+    os.kill(slot.pid, signal.SIGKILL)  # the launcher is lost: its release drops it
+    await asyncio.to_thread(slot.proc.wait)
+    pool.release(slot)
+    await started.wait()
+    await pool.close()
+    assert dropped == [slot.pid]
+    assert slot.cgroup is None or not slot.cgroup.dirs[0][1].exists()
