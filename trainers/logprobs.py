@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +42,65 @@ class TokenLogprobs:
     entropy: torch.Tensor | None = None
 
 
+def _chunk_forward(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    banned: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One ``[c, V]`` block: (logprob of ``labels``, log-sum-exp, entropy or None), fp32."""
+    z = logits.float() / temperature
+    lse = torch.logsumexp(_ban(z, banned), dim=-1)
+    lp = z.gather(1, labels[:, None])[:, 0] - lse
+    if not with_entropy:
+        return lp, lse, None
+    p = _unban(torch.exp(z - lse[:, None]), banned)
+    return lp, lse, lse - (p * z).sum(-1)
+
+
+def _chunk_backward(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    g_lp: torch.Tensor | None,
+    g_ent: torch.Tensor | None,
+    temperature: float,
+    banned: torch.Tensor | None,
+) -> torch.Tensor:
+    """The gradient of one ``[c, V]`` block, in the logits' dtype (the softmax recomputed)."""
+    logp = logits.float() / temperature - lse[:, None]
+    p = _unban(torch.exp(logp), banned)
+    g = torch.zeros_like(p)
+    if g_lp is not None:
+        g = g - p * g_lp[:, None]
+        g = g.scatter_add(1, labels[:, None], g_lp[:, None].float())
+    if ent is not None and g_ent is not None:
+        g = g - g_ent[:, None] * p * (logp + ent[:, None])  # dH/dz_j = -p_j (log p_j + H)
+    return (g / temperature).to(logits.dtype)
+
+
+@functools.cache
+def _compiled() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    # On a GPU the block math is a dozen passes over [c, V] fp32 memory when run op by op
+    # (the largest share of a small model's training step: bench/gpu/profile_train.py);
+    # compiled, it is one reduction and one pointwise kernel reading the logits once or twice.
+    return torch.compile(_chunk_forward, dynamic=True), torch.compile(_chunk_backward, dynamic=True)
+
+
+def _block_fns(device: torch.device) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    return _compiled() if device.type == "cuda" else (_chunk_forward, _chunk_backward)
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     """Gathered log-softmax (and entropy) over ``[N, V]`` logits, chunked along ``N``.
 
     Only one ``[chunk, V]`` fp32 block exists at a time, in forward and in backward (which
     recomputes the softmax); what is saved is the logits themselves, in their own dtype.
     ``banned`` ids (``[K]``; a VLM's vision markup, never sampled) are left out of the softmax:
-    the distribution is the sampler's. A banned label still gets a finite logprob.
+    the distribution is the sampler's. A banned label still gets a finite logprob. On CUDA each
+    block's math runs compiled (``torch.compile``), elsewhere op by op.
     """
 
     @staticmethod
@@ -60,17 +114,17 @@ class _ChunkedLogprob(torch.autograd.Function):
         banned: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = logits.shape[0]
+        block, _ = _block_fns(logits.device)
         lp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(lp)
         ent = torch.empty_like(lp) if with_entropy else lp.new_zeros(0)
         for s in range(0, n, chunk_size):
-            z = logits[s : s + chunk_size].float() / temperature
-            lse[s : s + chunk_size] = torch.logsumexp(_ban(z, banned), dim=-1)
-            lab = labels[s : s + chunk_size, None]
-            lp[s : s + chunk_size] = z.gather(1, lab)[:, 0] - lse[s : s + chunk_size]
-            if with_entropy:
-                p = _unban(torch.exp(z - lse[s : s + chunk_size, None]), banned)
-                ent[s : s + chunk_size] = lse[s : s + chunk_size] - (p * z).sum(-1)
+            rows = slice(s, s + chunk_size)
+            lp[rows], lse[rows], e = block(
+                logits[rows], labels[rows], temperature, with_entropy, banned
+            )
+            if e is not None:
+                ent[rows] = e
         ctx.save_for_backward(logits, labels, lse, ent)
         ctx.banned = banned
         ctx.temperature, ctx.with_entropy, ctx.chunk_size = temperature, with_entropy, chunk_size
@@ -83,19 +137,20 @@ class _ChunkedLogprob(torch.autograd.Function):
         ctx: Any, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor, None, None, None, None, None]:
         logits, labels, lse, ent = ctx.saved_tensors
-        temp, c = ctx.temperature, ctx.chunk_size
+        _, block = _block_fns(logits.device)
         grad = torch.empty_like(logits)
-        for s in range(0, logits.shape[0], c):
-            logp = logits[s : s + c].float() / temp - lse[s : s + c, None]
-            p = _unban(torch.exp(logp), ctx.banned)
-            g = torch.zeros_like(p)
-            if g_lp is not None:
-                g -= p * g_lp[s : s + c, None]
-                g.scatter_add_(1, labels[s : s + c, None], g_lp[s : s + c, None].float())
-            if ctx.with_entropy and g_ent is not None:
-                # dH/dz_j = -p_j (log p_j + H)
-                g -= g_ent[s : s + c, None] * p * (logp + ent[s : s + c, None])
-            grad[s : s + c] = (g / temp).to(grad.dtype)
+        for s in range(0, logits.shape[0], ctx.chunk_size):
+            rows = slice(s, s + ctx.chunk_size)
+            grad[rows] = block(
+                logits[rows],
+                labels[rows],
+                lse[rows],
+                ent[rows] if ctx.with_entropy else None,
+                None if g_lp is None else g_lp[rows],
+                None if g_ent is None else g_ent[rows],
+                ctx.temperature,
+                ctx.banned,
+            )
         return grad, None, None, None, None, None
 
 
@@ -107,8 +162,8 @@ def _ban(z: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
 
 
 def _unban(p: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
-    """Probabilities with the banned columns zeroed (in place)."""
-    return p if banned is None else p.index_fill_(1, banned, 0.0)
+    """Probabilities with the banned columns zeroed."""
+    return p if banned is None else p.index_fill(1, banned, 0.0)
 
 
 def logprobs_from_logits(

@@ -254,3 +254,57 @@ def test_varlen_attention_equals_per_sequence_sdpa_on_cuda(
     g_varlen = varlen.model.layers[0].self_attn.q_proj.weight.grad.float()
     g_sdpa = sdpa.model.layers[0].self_attn.q_proj.weight.grad.float()
     assert (g_varlen - g_sdpa).norm() <= 0.05 * g_sdpa.norm()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("banned", [(), (3, 5000)])
+def test_compiled_logprob_blocks_on_cuda_are_as_exact_as_the_op_by_op_ones(
+    banned: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the chunked log-softmax's block math runs compiled. Against a float64 reference
+    its logprobs, entropies and gradients (bf16 logits of a 152k vocabulary, a last chunk shorter
+    than the rest) are as close as the same math run op by op, as on a CPU, is. (The two differ
+    from each other by fp32 summation order: entropy is a difference of two ~20-nat sums.)
+    Passed on an H200: logprob error 2.4e-6 compiled vs 3.5e-6 op by op, entropy 3.7e-5 vs
+    2.6e-5, gradients 1.5e-2 both (bf16 rounding)."""
+    from agentloop.trainers import logprobs as module
+
+    torch.manual_seed(0)
+    n, vocab, temp = 2500, 151936, 0.7
+    logits = (torch.randn(n, vocab, device="cuda") * 3).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (n,), device="cuda")
+    w_lp, w_ent = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+
+    def run() -> tuple[torch.Tensor, ...]:
+        x = logits.clone().requires_grad_(True)
+        lp, ent = logprobs_from_logits(
+            x, labels, temperature=temp, with_entropy=True, chunk_size=1024,
+            banned_token_ids=banned,
+        )  # fmt: skip
+        assert ent is not None
+        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+        assert x.grad is not None
+        return lp, ent, x.grad
+
+    def reference() -> tuple[torch.Tensor, ...]:
+        x = logits.double().requires_grad_(True)
+        z = x / temp
+        if banned:
+            z = z.index_fill(1, torch.tensor(banned, device="cuda"), float("-inf"))
+        logp = torch.log_softmax(z, dim=-1)
+        lp = (x / temp).gather(1, labels[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
+        ent = -(logp.exp() * torch.nan_to_num(logp, neginf=0.0)).sum(-1)
+        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+        assert x.grad is not None
+        return lp, ent, x.grad
+
+    compiled = run()
+    monkeypatch.setattr(
+        module, "_block_fns", lambda _device: (module._chunk_forward, module._chunk_backward)
+    )
+    eager, exact = run(), reference()
+    for got, base, want in zip(compiled, eager, exact, strict=True):
+        err = float((got.double() - want).abs().max())
+        base_err = float((base.double() - want).abs().max())
+        assert err <= 4 * base_err + 1e-6, (err, base_err)
