@@ -105,3 +105,40 @@ async def test_a_stream_closed_early_still_reads_every_group() -> None:
     assert await anext(source) == 0
     await source.aclose()
     assert read == [0, 1, 2, 3, 4]
+
+
+def test_a_model_larger_than_a_bucket_streams_with_one_bucket_alive(tiny_model_dir: Any) -> None:
+    """The memory bound of a weight sync or push, counted: a real policy's weights, converted to
+    the engine's dtype (bf16: each one a new tensor) and grouped into buckets much smaller than
+    the model, are never more than one bucket plus the one tensor read ahead alive at a time
+    (a tensor larger than a bucket is a bucket alone), and every byte arrives."""
+    import weakref
+
+    from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+    worker = PolicyWorker(tiny_model_dir, WorkerConfig(device="cpu", dtype="float32"))
+    bucket_bytes = 64 << 10
+    live = {"bytes": 0, "peak": 0}
+
+    def forget(nbytes: int) -> None:
+        live["bytes"] -= nbytes
+
+    def counted() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in worker.state_dict_for_inference(dtype=torch.bfloat16):
+            nbytes = tensor.numel() * tensor.element_size()
+            live["bytes"] += nbytes
+            live["peak"] = max(live["peak"], live["bytes"])
+            weakref.finalize(tensor, forget, nbytes)
+            yield name, tensor
+
+    sizes: list[list[int]] = []  # per bucket, its tensors' bytes
+    for bucket in buckets(counted(), bucket_bytes):
+        sizes.append([t.numel() * t.element_size() for _, t in bucket])
+        del bucket  # the consumer has loaded it
+    model_bytes = sum(t.numel() * 2 for _, t in worker.state_dict_for_inference())  # bf16
+    assert sum(map(sum, sizes)) == model_bytes > 20 * bucket_bytes
+    assert max(map(sum, sizes)) <= max(bucket_bytes, *(max(s) for s in sizes))
+    # the most ever alive: a bucket, and the first tensor of the next (read to know it is full)
+    bound = max(sum(a) + b[0] for a, b in zip(sizes, [*sizes[1:], [0]], strict=True))
+    assert live["peak"] <= bound < 2 * max(bucket_bytes, *(max(s) for s in sizes))
+    assert live["bytes"] == 0
