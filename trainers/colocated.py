@@ -35,13 +35,6 @@ __all__ = ["ColocatedWorker", "WorkerSpec"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-_ENGINE_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
 
 
 @dataclass(frozen=True)
@@ -177,12 +170,13 @@ class ColocatedWorker:
         policy ``version``; ``interrupt`` aborts running requests and resumes them on the new
         weights (partial rollouts) instead of waiting for them.
 
-        The gather (in the engine's dtype when the config names one) streams into the engine,
-        which loads it chunk by chunk (``engine.weight_chunk_bytes``): the extra memory is a
-        chunk and its packed copy, whatever the model's size."""
+        The gather (in the engine's weight dtype: bf16 weights are not gathered from the fp32
+        master weights as fp32) streams into the engine, which loads it chunk by chunk
+        (``engine.weight_chunk_bytes``): the extra memory is a chunk and its packed copy,
+        whatever the model's size."""
         if self.engine is None:
             return {}
-        dtype = _ENGINE_DTYPES.get(str((self.spec.engine or {}).get("dtype", "auto")))
+        dtype = self.engine.weight_dtype
         gathered = stream(
             buckets(self._policy().state_dict_for_inference(dtype=dtype)), self._torch
         )
@@ -213,11 +207,12 @@ class ColocatedWorker:
             lambda: open_push_group(host, port, 0, world_size, backend=backend, timeout_s=timeout_s)
         )
 
-    async def push_weights(self, dtype: str = "auto") -> dict[str, float]:
-        """Gather the full weights (collective over the trainer ranks) in engine ``dtype``;
-        rank 0 broadcasts them to its push group, whose members receive at the same time."""
+    async def push_weights(self, dtype: str) -> dict[str, float]:
+        """Gather the full weights (collective over the trainer ranks) in the engines' weight
+        ``dtype`` (e.g. ``"bfloat16"``); rank 0 broadcasts them to its push group, whose members
+        receive at the same time."""
         push = self._push
-        torch_dtype = _ENGINE_DTYPES.get(dtype)
+        torch_dtype = getattr(torch, dtype)
 
         def run() -> int:
             named = self._policy().state_dict_for_inference(dtype=torch_dtype)

@@ -83,6 +83,11 @@ class RolloutWorker:
             await received.aclose()  # a failed load still receives the rest of the push
         return {"sync/engine_load_s": stats.load_s, "sync/tensors": float(stats.num_tensors)}
 
+    def weight_dtype(self) -> str:
+        """The engine's weight dtype (``dtype: auto`` resolved), e.g. ``"bfloat16"``: what the
+        trainer gathers and pushes in."""
+        return str(self.engine.weight_dtype).removeprefix("torch.")
+
     def ping(self) -> int:
         return 0 if self.engine is None else int(self.engine.version)
 
@@ -105,7 +110,8 @@ class _Replica:
 class RolloutPool:
     """The Engine over ``num`` rollout workers; see the module docstring. ``make_actor(i)``
     creates worker ``i``'s actor (in its bundle), ``trainers`` are the trainer actors (rank 0
-    hosts the pushes), ``dtype`` the engines' dtype setting."""
+    hosts the pushes); each push is gathered in the engines' weight dtype, which a worker
+    reports."""
 
     def __init__(
         self,
@@ -113,12 +119,11 @@ class RolloutPool:
         num: int,
         trainers: Sequence[Any],
         *,
-        dtype: str = "auto",
         restart_timeout_s: float = 600.0,
         push_timeout_s: float = 300.0,
         supports_images: bool = False,
     ) -> None:
-        self._make, self.trainers, self.dtype = make_actor, list(trainers), dtype
+        self._make, self.trainers = make_actor, list(trainers)
         self._supports_images = supports_images  # the workers serve a vision-language model
         self.restart_timeout_s, self.push_timeout_s = restart_timeout_s, push_timeout_s
         self.replicas = [_Replica(i, None) for i in range(num)]
@@ -270,8 +275,13 @@ class RolloutPool:
         self, targets: list[_Replica], version: int, interrupt: bool
     ) -> dict[str, float]:
         rank0 = self.trainers[0]
-        (host, port), backend = await self._together(
-            [rank0.address.remote(), rank0.push_backend.remote()], "reach trainer rank 0"
+        (host, port), backend, dtype = await self._together(
+            [
+                rank0.address.remote(),
+                rank0.push_backend.remote(),
+                targets[0].actor.weight_dtype.remote(),
+            ],
+            "reach trainer rank 0 and a rollout worker",
         )
         world = len(targets) + 1
         t0 = time.perf_counter()
@@ -289,7 +299,7 @@ class RolloutPool:
         )
         results = await self._together(
             [
-                *(t.push_weights.remote(self.dtype) for t in self.trainers),
+                *(t.push_weights.remote(dtype) for t in self.trainers),
                 *(r.actor.receive_weights.remote(version, interrupt) for r in targets),
             ],
             "push the weights",

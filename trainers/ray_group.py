@@ -226,7 +226,6 @@ def _rollout_pool(
         make_actor,
         cfg.trainer.rollout_workers,
         trainers,
-        dtype=str(settings.get("dtype", "auto")),
         supports_images=is_vision_model(model_dir),
         restart_timeout_s=cfg.ray.restart_timeout_s,
         push_timeout_s=cfg.ray.weight_push_timeout_s,

@@ -231,6 +231,13 @@ class VLLMEngine:
         """The policy version of the weights loaded now (see ``update_weights``)."""
         return self._gate.version
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype of the weights the started engine holds, ``dtype: auto`` resolved as vLLM
+        resolves it (the model's own; a float32 model downcast on a GPU): the dtype a weight
+        update should arrive in, so that nothing wider is gathered and shipped."""
+        return self._require_llm().model_config.dtype
+
     @classmethod
     def create(cls, model: str | os.PathLike[str], **settings: Any) -> VLLMEngine:
         """A not-yet-started engine for ``model`` (a local directory); ``settings`` are

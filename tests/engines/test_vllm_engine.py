@@ -313,3 +313,10 @@ async def test_weight_update_of_a_subset(vllm_engine: Any, tiny_model_dir: Path)
         assert after == pytest.approx(2 * before, rel=1e-5)
     finally:
         await vllm_engine.update_weights([("lm_head.weight", head)])
+
+
+async def test_the_engine_reports_the_dtype_of_its_weights(vllm_engine: Any) -> None:
+    """What a weight sync gathers in (the suite's engine is set to float32)."""
+    import torch
+
+    assert vllm_engine.weight_dtype == torch.float32

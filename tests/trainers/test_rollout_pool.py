@@ -36,7 +36,8 @@ class FakeWorker:
         self.name, self.killed, self.version, self.start_fails = name, False, 0, start_fails
         self.release = asyncio.Event()
         self.release.set()
-        for m in ("start", "generate", "join_push_group", "receive_weights", "ping", "close"):
+        methods = ("start", "generate", "join_push_group", "receive_weights", "weight_dtype")
+        for m in (*methods, "ping", "close"):
             setattr(self, m, _Method(getattr(self, f"_{m}")))
 
     async def _start(self) -> tuple[int, ...]:
@@ -54,6 +55,9 @@ class FakeWorker:
 
     async def _join_push_group(self, *args: Any) -> None:
         pass
+
+    async def _weight_dtype(self) -> str:
+        return "bfloat16"
 
     async def _receive_weights(self, version: int, interrupt: bool) -> dict[str, float]:
         self.version = version
@@ -84,6 +88,7 @@ class FakeTrainer:
         pass
 
     async def _push_weights(self, dtype: str) -> dict[str, float]:
+        assert dtype == "bfloat16"  # what the workers' engines hold
         self.pushes += 1
         return {"sync/bytes": 1.0}
 
