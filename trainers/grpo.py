@@ -197,9 +197,6 @@ async def _loop(
         if can_generate and val_every > 0 and (last or _every(val_every, step)):
             with timer("testing"):
                 metrics.update(await _validate(run, step))
-        if _every(cfg.checkpoint.every, step) or (last and cfg.checkpoint.save_final):
-            with timer("save_checkpoint"):
-                checkpoint = await _save(run, step)
         metrics.update(timer.metrics())
         metrics.update(_idle_metrics(metrics, run.engine.busy_s() - busy0 if run.engine else 0.0))
         metrics["perf/tokens_per_s"] = metrics.get("perf/tokens", 0.0) / metrics["timing_s/step"]
@@ -207,7 +204,12 @@ async def _loop(
             metrics["perf/gen_tokens_per_s"] = (
                 metrics["perf/sampled_tokens"] / metrics["timing_s/gen"]
             )
+        # logged before the step's checkpoint: a run killed once the checkpoint exists resumes
+        # after this step, so its metrics line must already be written (a kill in between
+        # re-runs the step, whose line is then logged again)
         logger.log(step, metrics)
+        if _every(cfg.checkpoint.every, step) or (last and cfg.checkpoint.save_final):
+            checkpoint = await _save(run, step)
         if on_step is not None:
             await on_step(StepInfo(step, metrics, tuple(groups), run.group))
     export = None
