@@ -83,7 +83,7 @@ class RolloutWorker:
             await received.aclose()  # a failed load still receives the rest of the push
         return {"sync/engine_load_s": stats.load_s, "sync/tensors": float(stats.num_tensors)}
 
-    def weight_dtype(self) -> str:
+    async def weight_dtype(self) -> str:
         """The engine's weight dtype (``dtype: auto`` resolved), e.g. ``"bfloat16"``: what the
         trainer gathers and pushes in."""
         return str(self.engine.weight_dtype).removeprefix("torch.")
