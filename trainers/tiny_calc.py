@@ -28,7 +28,8 @@ __all__ = ["publish_tiny_calc", "tiny_calc_dir", "tiny_calc_model_dir"]
 _VERSION = 1  # bump when what the key cannot see changes (the trace generator, the SFT code)
 #: Settings that do not change the model: where files go, how the traces' tool runs (the fake
 #: and bubblewrap sandboxes give the same rows: tests/trainers/test_sft.py), progress output.
-_DEMO_IGNORED = ("out_dir", "trace_sandbox", "threads", "min_gain")
+#: The base model's shape is in the SFT config's ``model.path`` already.
+_DEMO_IGNORED = ("out_dir", "trace_sandbox", "threads", "min_gain", "hidden_size", "num_layers")
 
 
 def _key(configs: DemoConfigs) -> str:

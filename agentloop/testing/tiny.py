@@ -34,11 +34,13 @@ __all__ = [
     "ENV_VAR",
     "QWEN2_SPLIT_REGEX",
     "SPECIAL_TOKENS",
+    "TINY_SHAPE",
     "TOKEN_IDS",
     "cached_build",
     "make_tiny_model",
     "save_seeded_model",
     "tiny_model_dir",
+    "tiny_model_path",
     "train_tokenizer",
 ]
 
@@ -50,6 +52,9 @@ ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_respon
 TOKEN_IDS = {token: i for i, token in enumerate(SPECIAL_TOKENS + ADDED_TOKENS)}
 ENV_VAR = "AGENTLOOP_TINY_MODEL"
 DEFAULT_CACHE_DIR = Path("~/.cache/agentloop/tiny-qwen2-v1")
+#: ``(hidden_size, num_layers)`` of the tiny model (3.4M parameters); :func:`make_tiny_model`
+#: builds others with the same tokenizer and head_dim.
+TINY_SHAPE = (256, 4)
 _DTYPES = ("float32", "bfloat16", "float16")
 _CORPUS_SEED = 1234  # the tokenizer does not depend on the model seed
 
@@ -296,7 +301,9 @@ def save_seeded_model(model_class: Any, config: Any, out: Path, *, seed: int, dt
     model.save_pretrained(str(out), safe_serialization=True)
 
 
-def _save_model(out: Path, *, seed: int, dtype: str, vocab_size: int) -> None:
+def _save_model(
+    out: Path, *, seed: int, dtype: str, vocab_size: int, hidden_size: int, num_layers: int
+) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     # head_dim is not a declared Qwen2Config field (it defaults to hidden/heads); write it anyway
@@ -304,11 +311,11 @@ def _save_model(out: Path, *, seed: int, dtype: str, vocab_size: int) -> None:
     layout: dict[str, Any] = {"head_dim": 64}
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 64,
+        num_key_value_heads=hidden_size // 128,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         bos_token_id=None,
@@ -327,32 +334,71 @@ def make_tiny_model(
     seed: int = 0,
     dtype: str = "float32",
     vocab_size: int = 2048,
+    hidden_size: int = TINY_SHAPE[0],
+    num_layers: int = TINY_SHAPE[1],
 ) -> Path:
     """Build the tiny model + tokenizer into ``out_dir`` (created if missing) and return it.
 
     Deterministic: the same arguments give the same ``tokenizer.json`` and the same weights.
-    ``seed`` only drives the weight init; the tokenizer is the same for every seed.
+    ``seed`` only drives the weight init; the tokenizer is the same for every seed and shape.
+    The shape: ``num_layers`` Qwen2 blocks of width ``hidden_size`` (a multiple of 128), with
+    head_dim 64, half as many KV heads as heads and an MLP twice as wide; the default (256, 4)
+    has 3.4M parameters, (768, 12) 67M.
     """
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
     if vocab_size < 512:
         raise ConfigError(f"vocab_size={vocab_size} is too small; use at least 512")
+    if hidden_size < 128 or hidden_size % 128 or num_layers < 1:
+        raise ConfigError(
+            f"hidden_size={hidden_size}, num_layers={num_layers}: use a hidden_size that is a "
+            "multiple of 128 (head_dim 64, heads sharing KV heads in pairs) and num_layers >= 1"
+        )
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     _save_tokenizer(train_tokenizer(vocab_size), out)
-    _save_model(out, seed=seed, dtype=dtype, vocab_size=vocab_size)
+    _save_model(
+        out,
+        seed=seed,
+        dtype=dtype,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+    )
     return out
 
 
-def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def tiny_model_dir(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    hidden_size: int = TINY_SHAPE[0],
+    num_layers: int = TINY_SHAPE[1],
+) -> Path:
     """Return a directory holding the tiny model (seed 0, float32), building it once.
 
     Location: ``cache_dir`` if given, else ``$AGENTLOOP_TINY_MODEL``, else
-    ``~/.cache/agentloop/tiny-qwen2-v1``. Concurrent callers are safe: each builds into a private
-    temporary directory and renames it into place atomically; the loser discards its copy.
+    ``~/.cache/agentloop/tiny-qwen2-v1``; a shape other than :data:`TINY_SHAPE` (see
+    :func:`make_tiny_model`) lives beside it, e.g. ``tiny-qwen2-v1-768x12``. Concurrent callers
+    are safe: each builds into a private temporary directory and renames it into place
+    atomically; the loser discards its copy.
     """
+    target = tiny_model_path(cache_dir, hidden_size=hidden_size, num_layers=num_layers)
+    return cached_build(
+        target, lambda out: make_tiny_model(out, hidden_size=hidden_size, num_layers=num_layers)
+    )
+
+
+def tiny_model_path(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    hidden_size: int = TINY_SHAPE[0],
+    num_layers: int = TINY_SHAPE[1],
+) -> Path:
+    """Where :func:`tiny_model_dir` keeps the model of this shape (built there or not)."""
     target = Path(cache_dir or os.environ.get(ENV_VAR) or DEFAULT_CACHE_DIR).expanduser()
-    return cached_build(target, make_tiny_model)
+    if (hidden_size, num_layers) == TINY_SHAPE:
+        return target
+    return target.with_name(f"{target.name}-{hidden_size}x{num_layers}")
 
 
 def cached_build(target: Path, build: Callable[[Path], Any]) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,42 @@ def test_every_demo_override_section_is_checked() -> None:
     cfg = load_demo_configs(["demo.out_dir=/tmp/x", "sft.trainer.max_steps=7"])
     assert cfg.sft.data.train == "/tmp/x/traces.jsonl" and cfg.sft.trainer.max_steps == 7
     assert cfg.grpo.model.path == "/tmp/x/sft/model" and cfg.grpo.trainer.out_dir == "/tmp/x/rl"
+
+
+def test_a_config_file_layers_over_the_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentloop demo --config FILE``: the file's sections override the recipe, key=value
+    overrides override the file, and a base model shape other than the tiny model's points SFT
+    at that model (the shipped GPU overlay: 768 x 12)."""
+    from agentloop.errors import ConfigError
+    from agentloop.testing.tiny import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "tiny"))
+    gpu = load_demo_configs(["grpo.trainer.total_steps=3"], config=RECIPE_DIR / "gpu.yaml")
+    assert gpu.sft.model.path == str(tmp_path / "tiny-768x12")
+    assert (gpu.sft.actor.device, gpu.grpo.actor.device, gpu.grpo.engine.enforce_eager) == (
+        "cuda",
+        "cuda",
+        False,
+    )
+    assert gpu.grpo.trainer.total_steps == 3 and gpu.grpo.data.env_kwargs == {"digits": 2}
+    overlay = tmp_path / "mine.yaml"
+    overlay.write_text(
+        "demo: {out_dir: 'runs/#a b', num_layers: 2}\n"
+        "sft: {actor: {betas: [0.8, 0.9]}, trainer: {max_steps: null}}\n"
+        "grpo: {data: {env_kwargs: {digits: 2}}}\n"
+    )
+    mine = load_demo_configs(config=overlay)
+    assert mine.demo.out_dir == "runs/#a b" and mine.sft.actor.betas == (0.8, 0.9)
+    assert mine.sft.trainer.max_steps is None
+    assert mine.sft.model.path == str(tmp_path / "tiny-256x2")
+    assert load_demo_configs().sft.model.path == "tiny"  # the tiny shape: the recipe's own
+    overlay.write_text("trainer: {total_steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"top-level keys \['trainer'\]; use only"):
+        load_demo_configs(config=overlay)
+    with pytest.raises(ConfigError, match="multiple of 128"):
+        load_demo_configs(["demo.hidden_size=100"])
 
 
 def test_sft_calc_recipe_is_the_demos() -> None:
