@@ -70,7 +70,8 @@ def test_hf_engine_settings_are_checked_by_name(
     base = ["eval", "--env", "agentloop/Calc-v0", "--model", str(tiny_model_dir), "--engine", "hf"]
     assert main([*base, "--out", str(tmp_path / "a"), "--engine-arg", "enforce_eager=true"]) == 2
     err = capsys.readouterr().err
-    assert "unknown HFEngine setting(s) ['enforce_eager']; known: ['dtype']" in err
+    known = "known: ['dtype', 'weight_sync_timeout_s']"
+    assert f"unknown HFEngine setting(s) ['enforce_eager']; {known}" in err
     assert "Traceback" not in err
     with pytest.raises(ConfigError, match=r"HFEngine dtype='float16x': must be one of"):
         HFEngine.from_settings(tiny_model_dir, {"dtype": "float16x"})

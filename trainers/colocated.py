@@ -29,6 +29,7 @@ from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 from agentloop.types import Completion
 
 if TYPE_CHECKING:
+    from agentloop.engines.base import TrainEngine
     from agentloop.trainers.checkpoint import RunState
 
 __all__ = ["ColocatedWorker", "WorkerSpec"]
@@ -58,7 +59,7 @@ class ColocatedWorker:
         self.spec = spec
         self.policy: PolicyWorker | None = None
         self.ref: PolicyWorker | None = None
-        self.engine: Any = None
+        self.engine: TrainEngine | None = None
         self.rank = 0
         self._owns_group = False
         self._pool = ThreadPoolExecutor(1, "agentloop-torch") if spec.threaded else None
@@ -76,14 +77,13 @@ class ColocatedWorker:
             return ()
         import torch.distributed as dist
 
-        from agentloop.engines.vllm import VLLMEngine
+        from agentloop.engines.backends import start_train_engine
 
         if dist.is_initialized():
             # a forked engine would inherit this process group and try to use it as its own
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        self.engine = VLLMEngine.create(self.spec.model_dir, **self.spec.engine)
-        await self.engine.start()
-        return tuple(self.engine.pids)
+        self.engine = await start_train_engine(self.spec.model_dir, self.spec.engine)
+        return self.engine.pids
 
     def address(self) -> tuple[str, int]:
         """This host's address and a free TCP port: the rendezvous point when this is rank 0."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentloop.engines.backends import BACKENDS, EngineBackend
 from agentloop.engines.vllm import VLLMConfig, WeightTransport, check_settings
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig
@@ -28,7 +29,6 @@ from agentloop.trainers.advantages import ADV_ESTIMATORS
 from agentloop.trainers.config_text import config_to_yaml
 from agentloop.trainers.losses import KL_KINDS
 from agentloop.trainers.worker import WorkerConfig
-from agentloop.vision import is_vision_model
 
 __all__ = [
     "AlgorithmConfig",
@@ -54,7 +54,7 @@ PLACEMENTS = ("local", "ray")
 MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
 #: ``model.path`` names of the models built here on first use (:func:`resolve_model_path`).
-MODEL_NAMES = ("tiny", "tiny-calc")
+MODEL_NAMES = ("tiny", "tiny-calc", "tiny-vlm")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
 GROUP_ESTIMATORS = ("grpo", "rloo", "turn_rloo")
@@ -491,6 +491,10 @@ class EngineConfig:
     ``AsyncEngineArgs`` go in ``engine_args``. On a GPU the engine shares the device with the
     trainer: lower ``gpu_memory_utilization`` (e.g. 0.4) to leave room."""
 
+    backend: EngineBackend = "vllm"
+    """``vllm``, or ``hf``: transformers' ``generate``, one request at a time, for a model or
+    platform vLLM cannot serve (a vision-language model on a CPU); it takes ``dtype`` and
+    ``weight_sync_timeout_s`` and no other setting of this section."""
     dtype: str = VLLMConfig.dtype
     """Weight dtype of the engine (``auto``: the model's; ``float32`` for exact CPU runs)."""
     max_model_len: int | None = None
@@ -527,6 +531,8 @@ class EngineConfig:
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``)."""
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"engine.backend={self.backend!r} is not one of {BACKENDS}")
         check_settings(self, "engine")
 
 
@@ -815,20 +821,39 @@ def example_config(name: str) -> Path:
     return Path(__file__).resolve().parent / "configs" / f"{name}.yaml"
 
 
+def check_engine_serves(cfg: TrainConfig, model_dir: Path) -> None:
+    """Fail at start-up, naming the fix, when ``engine.backend: vllm`` cannot serve the model
+    here (a vision-language model without torchvision: the CPU build of vLLM)."""
+    from agentloop.engines.vllm_mm import start_failure_hint
+
+    serves = cfg.engine.backend != "vllm" or cfg.rollout.replay is not None
+    if not serves and (hint := start_failure_hint(model_dir)):
+        raise ConfigError(
+            f"vLLM cannot serve model.path={str(model_dir)!r} here{hint}; "
+            "agentloop train runs it with engine.backend=hf"
+        )
+
+
 def resolve_model_path(path: str) -> Path:
     """A model built here by name (:data:`MODEL_NAMES`; built on first use, then cached), else
-    a model directory of a language model.
+    a local model directory.
 
     - ``tiny``: the random tiny model (:func:`agentloop.testing.tiny.tiny_model_dir`); it never
       solves a Calc task, so it exercises the pipeline but cannot learn;
     - ``tiny-calc``: the tiny model after the demo's cold-start SFT
       (:func:`agentloop.trainers.tiny_calc.tiny_calc_model_dir`; ``agentloop demo`` leaves it
-      behind): it solves some Calc tasks, so GRPO's groups have rewards to learn from.
+      behind): it solves some Calc tasks, so GRPO's groups have rewards to learn from;
+    - ``tiny-vlm``: the random tiny Qwen2.5-VL-shaped model
+      (:func:`agentloop.testing.tiny_vlm.tiny_vlm_dir`), for vision-language runs on a CPU.
     """
     if path == "tiny":
         from agentloop.testing.tiny import tiny_model_dir
 
         return tiny_model_dir()
+    if path == "tiny-vlm":
+        from agentloop.testing.tiny_vlm import tiny_vlm_dir
+
+        return tiny_vlm_dir()
     if path == "tiny-calc":
         from agentloop.trainers.tiny_calc import tiny_calc_model_dir
 
@@ -837,11 +862,5 @@ def resolve_model_path(path: str) -> Path:
         raise ConfigError(
             f"model.path={path!r} is not a directory; pass a local HF model dir, or one of the "
             f"models built here: {', '.join(MODEL_NAMES)}"
-        )
-    if is_vision_model(path):
-        raise ConfigError(
-            f"model.path={path!r} is a vision-language model, which agentloop train cannot "
-            "train yet (its rollouts are text-only; the policy worker itself takes Qwen2-VL "
-            "models); agentloop eval --engine hf plays it"
         )
     return Path(path).resolve()

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentloop.engines.base import SamplingParams, generate
+from agentloop.engines.base import SamplingParams, TrainEngine, generate
 from agentloop.errors import InferenceError
 from agentloop.types import Completion
 
@@ -40,15 +40,14 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, engine: dict[str, Any]) -> None:
         self.model_dir, self.settings = model_dir, engine
-        self.engine: Any = None
+        self.engine: TrainEngine | None = None
         self._push: Any = None
 
     async def start(self) -> tuple[int, ...]:
-        from agentloop.engines.vllm import VLLMEngine
+        from agentloop.engines.backends import start_train_engine
 
-        self.engine = VLLMEngine.create(self.model_dir, **self.settings)
-        await self.engine.start()
-        return tuple(self.engine.pids)
+        self.engine = await start_train_engine(self.model_dir, self.settings)
+        return self.engine.pids
 
     async def generate(
         self,
@@ -58,7 +57,7 @@ class RolloutWorker:
         images: Sequence[Any] = (),
     ) -> Completion:
         return await generate(
-            self.engine, prompt_ids, sampling, session_id=session_id, images=images
+            self._engine(), prompt_ids, sampling, session_id=session_id, images=images
         )
 
     async def join_push_group(
@@ -78,7 +77,9 @@ class RolloutWorker:
         push, self._push = self._push, None
         received = stream(push.receive(), asyncio.to_thread)
         try:
-            stats = await self.engine.update_weights(received, version=version, interrupt=interrupt)
+            stats = await self._engine().update_weights(
+                received, version=version, interrupt=interrupt
+            )
         finally:
             await received.aclose()  # a failed load still receives the rest of the push
         return {"sync/engine_load_s": stats.load_s, "sync/tensors": float(stats.num_tensors)}
@@ -86,10 +87,15 @@ class RolloutWorker:
     async def weight_dtype(self) -> str:
         """The engine's weight dtype (``dtype: auto`` resolved), e.g. ``"bfloat16"``: what the
         trainer gathers and pushes in."""
-        return str(self.engine.weight_dtype).removeprefix("torch.")
+        return str(self._engine().weight_dtype).removeprefix("torch.")
 
     def ping(self) -> int:
         return 0 if self.engine is None else int(self.engine.version)
+
+    def _engine(self) -> TrainEngine:
+        if self.engine is None:
+            raise InferenceError("this rollout worker's engine is not started (or was closed)")
+        return self.engine
 
     async def close(self) -> None:
         if self.engine is not None:

@@ -39,6 +39,7 @@ from agentloop.trainers.config import (
     AlgorithmConfig,
     TrainConfig,
     batch_sizes,
+    check_engine_serves,
     config_to_yaml,
     resolve_model_path,
 )
@@ -56,6 +57,7 @@ from agentloop.trainers.rollouts import (
     version_metrics,
 )
 from agentloop.types import TrajectoryGroup
+from agentloop.vision import vision_of
 
 __all__ = ["StepInfo", "TrainResult", "train", "train_async"]
 
@@ -133,6 +135,8 @@ async def train_async(
         await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
     # after the cheap checks: a named model (tiny-calc) may be built here, minutes of CPU work
     model_dir = await asyncio.to_thread(resolve_model_path, cfg.model.path)
+    check_engine_serves(cfg, model_dir)
+    vision = vision_of(model_dir)  # a vision-language model's images expand to its tokens
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
@@ -140,6 +144,7 @@ async def train_async(
         AutoTokenizer.from_pretrained(model_dir),
         tools=env.tool_schemas,
         thinking=cfg.rollout.thinking,  # a template that rewrites history fails here, named
+        vision=vision,
     )
     print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")  # "auto" fails here
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
@@ -276,7 +281,7 @@ async def _step(
         return {**metrics, "actor/updates": 0.0}, groups
     if sleep:
         await group.sleep_engines()
-    seqs = train_seqs([trajs[i] for i in keep], [0.0] * len(keep))
+    seqs = train_seqs([trajs[i] for i in keep], [0.0] * len(keep), vision=run.builder.vision)
     with timer("old_log_prob"):
         old = await group.compute_logprobs(seqs)
     engine_lp, masks = [s.rollout_logprobs for s in seqs], [s.loss_mask for s in seqs]

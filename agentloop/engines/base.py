@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion
 
-__all__ = ["Engine", "SamplingParams", "generate", "prompt_token_ids", "reject_images"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "Engine",
+    "NamedTensors",
+    "SamplingParams",
+    "TrainEngine",
+    "WeightSyncStats",
+    "generate",
+    "named_pairs",
+    "prompt_token_ids",
+    "reject_images",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,74 @@ class Engine(Protocol):
         session_id: str | None = None,
         images: Sequence[Any] = (),
     ) -> Completion: ...
+
+
+#: A weight update's tensors under their HF checkpoint names: ``(name, tensor)`` pairs, or an
+#: async iterable of lists of them (a trainer's gather, a push being received).
+NamedTensors: TypeAlias = (
+    "Iterable[tuple[str, torch.Tensor]] | AsyncIterable[Sequence[tuple[str, torch.Tensor]]]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSyncStats:
+    """What one ``update_weights`` moved and how long each part took (seconds)."""
+
+    num_tensors: int
+    num_bytes: int
+    serialize_s: float
+    load_s: float
+    total_s: float
+    direct: bool = False  # cuda_ipc's verified fast path (plain copies) instead of load_weights
+    chunks: int = 1  # loads of at most ``weight_chunk_bytes`` each
+
+
+async def named_pairs(named: NamedTensors) -> AsyncIterator[tuple[str, torch.Tensor]]:
+    """The ``(name, tensor)`` pairs of a weight update, one at a time, from either form."""
+    if isinstance(named, AsyncIterable):
+        async for group in named:
+            for pair in group:
+                yield pair
+    else:
+        for pair in named:
+            yield pair
+
+
+class TrainEngine(Engine, Protocol):
+    """An engine a training run drives (``engine.backend``: :class:`~agentloop.engines.vllm.
+    VLLMEngine` or :class:`~agentloop.engines.hf.HFEngine`): started and shut down by its
+    worker, put to sleep while the trainer runs, and given each new policy's weights.
+
+    :attr:`version` is the policy version of the weights loaded now (0 at start, then what
+    ``update_weights(version=...)`` set), and every completion tags each sampled token with the
+    version that sampled it (``Completion.versions``). ``update_weights(interrupt=True)`` stops
+    running requests at a token boundary; each resumes under the new weights with what it
+    sampled so far (partial rollouts)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype a weight update should arrive in (that of the weights the engine holds)."""
+        ...
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of the engine's own processes (none when it runs in this process)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    async def sleep(self, level: int = 1) -> None: ...
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
+
+    async def update_weights(
+        self, named_tensors: NamedTensors, *, version: int | None = None, interrupt: bool = False
+    ) -> WeightSyncStats: ...
 
 
 async def generate(

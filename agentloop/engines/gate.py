@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from agentloop.engines.base import SamplingParams
 from agentloop.errors import InferenceError
+from agentloop.types import Completion
 
-__all__ = ["WeightGate"]
+__all__ = ["WeightGate", "resumable"]
 
 _POLL_S = 0.05  # how often an interrupting update re-sends its aborts (see update)
 
@@ -104,3 +106,31 @@ class WeightGate:
                 f"a weight update waited more than {self.timeout_s} s for {what}"
                 + ("" if abort else "; interrupt them instead (update_weights(interrupt=True))")
             ) from None
+
+
+async def resumable(
+    gate: WeightGate,
+    sampling: SamplingParams,
+    run: Callable[[list[int], SamplingParams], Awaitable[Completion]],
+) -> Completion:
+    """One request under ``gate``: ``run(sampled, sampling)`` samples after the prompt and the
+    tokens ``sampled`` so far. An update that interrupts it (``finish_reason`` "abort") has it
+    run again under the new weights with the remaining ``max_tokens``; the completion tags each
+    token with the version that sampled it."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    while True:  # more than once only when a weight update interrupts the request
+        version, epoch = await gate.admit()
+        try:
+            part = await run(ids, sampling.with_(max_tokens=sampling.max_tokens - len(ids)))
+        finally:
+            gate.finished()
+        ids += part.token_ids
+        logprobs += part.logprobs
+        versions += [version] * len(part.token_ids)
+        resume = part.finish_reason == "abort" and gate.interrupted(epoch)
+        if not resume:
+            return Completion(tuple(ids), tuple(logprobs), part.finish_reason, tuple(versions))
+        if len(ids) >= sampling.max_tokens:
+            return Completion(tuple(ids), tuple(logprobs), "length", tuple(versions))

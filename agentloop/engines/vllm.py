@@ -10,14 +10,20 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentloop.engines.base import SamplingParams, prompt_token_ids
-from agentloop.engines.gate import WeightGate
+from agentloop.engines.base import (
+    NamedTensors,
+    SamplingParams,
+    WeightSyncStats,
+    named_pairs,
+    prompt_token_ids,
+)
+from agentloop.engines.gate import WeightGate, resumable
 from agentloop.engines.orphan_guard import OrphanGuard
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.types import Completion, FinishReason
@@ -178,19 +184,6 @@ class _PackedWeights:
         self.keep_alive = None
         if self.file is not None:
             self.file.unlink(missing_ok=True)
-
-
-@dataclass(frozen=True, slots=True)
-class WeightSyncStats:
-    """What one ``update_weights`` moved and how long each part took (seconds)."""
-
-    num_tensors: int
-    num_bytes: int
-    serialize_s: float
-    load_s: float
-    total_s: float
-    direct: bool = False  # cuda_ipc's verified fast path (plain copies) instead of load_weights
-    chunks: int = 1  # loads of at most ``weight_chunk_bytes`` each
 
 
 class VLLMEngine:
@@ -388,27 +381,18 @@ class VLLMEngine:
                 f"{self.config.max_model_len}, which leaves no room to generate; shorten the "
                 "prompt or raise vllm.max_model_len"
             )
-        ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        while True:  # more than once only when a weight update interrupts the request
-            params = _vllm_sampling(sampling.with_(max_tokens=sampling.max_tokens - len(ids)))
+
+        async def run(sampled: list[int], rest: SamplingParams) -> Completion:
             request_id = f"{session_id or 'req'}-{uuid.uuid4().hex}"
-            version, epoch = await self._gate.admit()
             self._live.add(request_id)
             try:
-                part = await self._request(llm, [*prompt, *ids], params, request_id, images)
+                return await self._request(
+                    llm, [*prompt, *sampled], _vllm_sampling(rest), request_id, images
+                )
             finally:
                 self._live.discard(request_id)
-                self._gate.finished()
-            ids += part.token_ids
-            logprobs += part.logprobs
-            versions += [version] * len(part.token_ids)
-            resume = part.finish_reason == "abort" and self._gate.interrupted(epoch)
-            if not resume:
-                return Completion(tuple(ids), tuple(logprobs), part.finish_reason, tuple(versions))
-            if len(ids) >= sampling.max_tokens:
-                return Completion(tuple(ids), tuple(logprobs), "length", tuple(versions))
+
+        return await resumable(self._gate, sampling, run)
 
     async def _request(
         self, llm: Any, prompt: list[int], params: Any, request_id: str, images: Sequence[Any]
@@ -433,8 +417,7 @@ class VLLMEngine:
     # ------------------------------------------------------------------ weights and memory
     async def update_weights(
         self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]]
-        | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
+        named_tensors: NamedTensors,
         *,
         transport: WeightTransport | None = None,
         version: int | None = None,
@@ -595,7 +578,7 @@ class VLLMEngine:
 
 # ---------------------------------------------------------------------- helpers
 async def _chunks(
-    named: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
+    named: NamedTensors,
     limit: int,
 ) -> AsyncIterator[list[tuple[str, torch.Tensor]]]:
     """``named`` in consecutive chunks of about ``limit`` bytes, read one tensor (or one group
@@ -604,7 +587,7 @@ async def _chunks(
     reload gave it, so a block split across two reloads would keep garbage in its other parts."""
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0
-    async for name, tensor in _pairs(named):
+    async for name, tensor in named_pairs(named):
         nbytes = tensor.numel() * tensor.element_size()
         if chunk and size + nbytes > limit and _block(name) != _block(chunk[-1][0]):
             yield chunk
@@ -624,18 +607,6 @@ def _block(name: str) -> str:
         if part.isdigit():
             return ".".join(parts[: i + 1])
     return ".".join(parts[:-1])
-
-
-async def _pairs(
-    named: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[Sequence[tuple[str, torch.Tensor]]],
-) -> AsyncIterator[tuple[str, torch.Tensor]]:
-    if isinstance(named, AsyncIterable):
-        async for group in named:
-            for pair in group:
-                yield pair
-    else:
-        for pair in named:
-            yield pair
 
 
 def _vllm_sampling(sampling: SamplingParams) -> Any:

@@ -150,6 +150,8 @@ def test_retool_sft_dry_run(name: str, tiny_model_dir: Path, retool_data: Path) 
 def test_every_recipe_config_is_covered() -> None:
     shipped = {(p.parent.name, p.stem) for p in RECIPES.glob("*/*.yaml")}
     covered = set(EXPECTED) | {("retool", "sft_7b"), ("retool", "sft_32b")}
+    # trained for 3 steps: tests/vision/test_vlm_rollout.py, tests/trainers/test_train_vlm.py
+    covered |= {("deepeyes", "tiny")}
     # tests/recipes/test_demo.py; the GPU overlay: tests/recipes/test_demo_config.py
     demo = {("tiny_retool", n) for n in ("demo", "sft", "grpo", "gpu")}
     assert shipped == covered | demo

@@ -41,14 +41,16 @@ def test_the_shipped_example_loads_and_overrides_win() -> None:
 
 
 def test_the_engine_section_is_vllm_config_without_model_and_with_its_defaults() -> None:
+    """Plus ``backend`` (vllm or hf), which picks the engine these settings go to."""
     from agentloop.engines.vllm import VLLMConfig
     from agentloop.trainers.config import EngineConfig
 
     vllm = {f.name: f for f in dataclasses.fields(VLLMConfig)}
     section = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    assert set(section) == set(vllm) - {"model"}
+    assert set(section) == set(vllm) - {"model"} | {"backend"}
+    assert section["backend"].default == "vllm"
     derived = {"max_model_len", "seed"}  # None: from the rollout budget and trainer.seed
-    for name in set(section) - derived - {"engine_args"}:
+    for name in set(section) - derived - {"engine_args", "backend"}:
         assert section[name].default == vllm[name].default, name
 
 
@@ -105,6 +107,7 @@ def test_the_loader_takes_any_dataclass_schema(tmp_path: Path) -> None:
         (["algorithm.dynamic_sampling=true", "rollout.n=1"], r"dynamic_sampling.*rollout\.n >= 2"),
         (["engine.kv_cache=1"], r"engine\.kv_cache: Key 'kv_cache' not in .* kv_cache_memory_b"),
         (["engine.weight_transport=nccl"], r"engine\.weight_transport: Invalid value 'nccl'"),
+        (["engine.backend=sglang"], r"engine\.backend: Invalid value 'sglang'"),
         (["engine.max_num_seqs=0"], r"engine\.max_num_seqs must be >= 1, got 0"),
         (["engine.engine_args={model: x}"], r"engine\.engine_args may not set \['model'\]"),
         (["algorithm.adv_estimator=ppo"], r"algorithm\.adv_estimator='ppo': must be one of"),
