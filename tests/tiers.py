@@ -28,7 +28,8 @@ STARTS: dict[str, tuple[str, ...]] = {
 #: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
 #: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
 #: lane "b": the long demo (its SFT stage read by the SFT test), then training runs that start
-#: their own engines and no Ray (async, an SDK agent, the dead-sandbox guard, tool I/O replay),
+#: their own engines and no Ray (async, an SDK agent, the dead-sandbox guard, tool I/O replay,
+#: the VLM recipe async and resumed),
 #: and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine anyway, for the SFT
 #: test). Everything else is lane "a", Ray included (one Ray cluster at a time). Balance the two
 #: by --durations: in CI on 2026-11-26, lane a ran ~60 min and lane b ~50 before this module
@@ -42,6 +43,7 @@ LANE_B = frozenset({
     "tests/trainers/test_train_agent.py",
     "tests/trainers/test_train_guard_cli.py",
     "tests/trainers/test_train_tool_io.py",
+    "tests/trainers/test_train_vlm_async.py",
 })  # fmt: skip
 
 
