@@ -41,11 +41,18 @@ def varlen_available() -> bool:
 VARLEN_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def resolve_attn_implementation(name: str, device: torch.device, dtype: torch.dtype) -> str:
+def resolve_attn_implementation(
+    name: str, device: torch.device, dtype: torch.dtype, *, vision: bool = False
+) -> str:
     """``auto`` → ``varlen`` on CUDA when available and ``dtype`` is one it takes, else
-    ``sdpa``; other names unchanged (``varlen`` is registered with transformers on the way)."""
+    ``sdpa``; other names unchanged (``varlen`` is registered with transformers on the way).
+
+    A vision-language model (``vision``) gets ``sdpa``: with ``varlen`` a Qwen2.5-VL's trainer
+    logprobs came out NaN in bf16 on an H200 (2026-11-27; sdpa gave the engine's to bf16
+    precision), and the vision tower's windowed attention is the likely cause."""
     if name == "auto":
         fits = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
+        fits = fits and not vision
         name = VARLEN if fits else "sdpa"
     if name == VARLEN:
         if dtype not in VARLEN_DTYPES:

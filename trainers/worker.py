@@ -209,8 +209,17 @@ def _load(
 ) -> PreTrainedModel:
     """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init). A model
     instance keeps its attention implementation unless ``auto`` resolves to ``varlen``."""
+    if isinstance(model, PreTrainedModel):
+        config = model.config
+    elif isinstance(model, PretrainedConfig):
+        config = model
+    elif Path(model).is_dir():
+        config = AutoConfig.from_pretrained(model)
+    else:
+        raise ConfigError(f"model path {str(model)!r} is not a directory; pass an HF model dir")
     compute = _DTYPES[cfg.dtype] if device.type == "cuda" else torch.float32
-    attn = resolve_attn_implementation(cfg.attn_implementation, device, compute)
+    vision = hasattr(config, "vision_config")
+    attn = resolve_attn_implementation(cfg.attn_implementation, device, compute, vision=vision)
     kw: dict[str, Any] = dict(attn_implementation=attn, dtype=torch.float32)
     if isinstance(model, PreTrainedModel):
         if attn == VARLEN:
@@ -219,9 +228,7 @@ def _load(
     if isinstance(model, PretrainedConfig):
         torch.manual_seed(cfg.seed)
         return model_class(model).from_config(model, **kw)
-    if not Path(model).is_dir():
-        raise ConfigError(f"model path {str(model)!r} is not a directory; pass an HF model dir")
-    return model_class(AutoConfig.from_pretrained(model)).from_pretrained(model, **kw)
+    return model_class(config).from_pretrained(model, **kw)
 
 
 def _freeze_vision(model: PreTrainedModel) -> None:

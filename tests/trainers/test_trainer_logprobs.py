@@ -308,3 +308,18 @@ def test_compiled_logprob_blocks_on_cuda_are_as_exact_as_the_op_by_op_ones(
         err = float((got.double() - want).abs().max())
         base_err = float((base.double() - want).abs().max())
         assert err <= 4 * base_err + 1e-6, (err, base_err)
+
+
+def test_auto_attention_of_a_vision_language_model_is_sdpa_even_where_varlen_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where ``auto`` picks the varlen kernel for a text model (CUDA, bf16), a VLM gets sdpa:
+    with varlen, the tiny Qwen2.5-VL's trainer logprobs were NaN on an H200 (2026-11-27)."""
+    from agentloop.trainers import varlen
+
+    monkeypatch.setattr(varlen, "varlen_available", lambda: True)
+    monkeypatch.setattr(varlen, "register", lambda: None)
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    assert varlen.resolve_attn_implementation("auto", cuda, torch.bfloat16) == "varlen"
+    got = varlen.resolve_attn_implementation("auto", cuda, torch.bfloat16, vision=True)
+    assert got == "sdpa"
