@@ -697,8 +697,9 @@ class TrainConfig:
         return self.actor.kl_coef > 0 or self.algorithm.use_kl_in_reward
 
     def engine_settings(self) -> dict[str, Any]:
-        """:class:`VLLMConfig` fields for each engine replica (everything but ``model``), the
-        derived ones filled in."""
+        """The settings of each engine replica, as
+        :func:`~agentloop.engines.backends.start_train_engine` takes them: ``backend`` and the
+        :class:`VLLMConfig` fields (everything but ``model``), the derived ones filled in."""
         r, e = self.rollout, self.engine
         settings = dataclasses.asdict(e)
         if e.max_model_len is None:

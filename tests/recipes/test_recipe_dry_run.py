@@ -101,7 +101,9 @@ def test_gpu_recipe_dry_run(
     got = {k: getattr(sizes, k) for k in EXPECTED[(recipe, name)]}
     assert got == EXPECTED[(recipe, name)], sizes.describe()
     assert cfg.needs_ref == (cfg.actor.kl_coef > 0)
-    VLLMConfig(model=str(model), **cfg.engine_settings())  # the engine settings are valid
+    settings = cfg.engine_settings()
+    assert settings.pop("backend") == "vllm"  # the GPU recipes roll out on vLLM
+    VLLMConfig(model=str(model), **settings)  # the engine settings are valid
     builder = _builder(model, env, case.vision)
     for task in env.tasks(cfg.data.val_split)[:3]:
         messages = env.prompt(task)
