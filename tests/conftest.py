@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from tiers import COLLECTED, STARTS, lane
+from tiers import COLLECTED, STARTS, lane, pin_lane
 
 if TYPE_CHECKING:
     from short_demo import DemoRun
@@ -43,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Each xdist worker leads its own process group: the vLLM leak checks below look for
         # leftovers in "our" group, which must not include the other lane's engines.
         os.setpgid(0, 0)
+        pin_lane()
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist

@@ -47,6 +47,26 @@ LANE_B = frozenset({
 })  # fmt: skip
 
 
+def pin_lane() -> None:
+    """Under ``make test`` give each xdist worker (a lane) a core of its own, with one thread, for
+    it and everything it starts (vLLM, Ray, ``agentloop`` subprocesses inherit the affinity and
+    ``OMP_NUM_THREADS``; vLLM's OpenMP threads bind to that core instead of core 0 in both lanes).
+    Unpinned, two lanes oversubscribe two cores: two 40-step SFT runs side by side took 177 s
+    each, pinned 87 s (58 s alone on both cores); two vLLM GRPO tests 111 s unpinned, 86 s
+    pinned (84 s alone). No-op outside xdist or with more workers than cores."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker.startswith("gw") or not 2 <= workers <= len(cores):
+        return
+    core = cores[int(worker.removeprefix("gw"))]
+    os.sched_setaffinity(0, {core})
+    os.environ.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=str(core))
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def lane(nodeid: str) -> str:
     """The lane of a test (its xdist scope under ``make test``): "b" or "a". Modules named in
     ``$AGENTLOOP_EXTRA_LANE_B`` (comma-separated) join lane b: tests/test_tiers.py checks the

@@ -264,7 +264,7 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
     cfg, out = configs.demo, Path(configs.demo.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep vLLM's start-up chatter out
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(min(cfg.threads, len(os.sched_getaffinity(0))))  # no more than its CPUs
     torch.manual_seed(cfg.seed)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
