@@ -3,6 +3,7 @@
     python bench/gpu/run_all.py --out $OUT                    # every phase
     python bench/gpu/run_all.py --out $OUT --phases ceilings weight_sync
     python bench/gpu/run_all.py --report DIR [DIR ...]         # merge phase JSONs, print the table
+    python bench/gpu/run_all.py --report DIR --baseline bench/gpu/results/h100-2026-11-23.json
 
 Each phase runs in its own process (a clean GPU, and one failure does not stop the rest) and
 writes ``<phase>.json`` and ``<phase>.log`` under ``--out``. The report reads every
@@ -39,6 +40,9 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
         "train_1.5B": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
                        "--model-size", "1.5B", "--activation-checkpointing", "on",
                        "--out", str(out / "train_1.5B.json")],
+        "train_3B": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
+                     "--model-size", "3B", "--activation-checkpointing", "on", "--modes", "packed",
+                     "--out", str(out / "train_3B.json")],
         # The agent loop vs one plain batched generate of the same tokens, on the tool-calling
         # tiny model (the python tool in-process: the image has no bubblewrap), CUDA graphs on.
         **{f"rollout_{n}": [py, str(ROOT / "bench" / "rollout_throughput.py"), "--tasks",
@@ -47,20 +51,11 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
                             "--out", str(out / f"rollout_{n}.json")] for n in (256, 1024)},
         # One GRPO step (+1 to warm up) of the real trainer, colocated on the one GPU: a random-init
         # 0.5B model (weight_sync made it), Calc-v0, 64 prompts × 8 samples, up to 1k tokens each.
-        "grpo_step": [py, "-c", "import sys; from agentloop.cli import main; sys.exit(main())",
-                      "train", "grpo_calc_tiny", f"model.path={MODELS / 'qwen2-0.5B'}",
-                      "actor.device=cuda", "actor.dtype=bfloat16", "actor.lr=1e-6",
-                      "actor.max_tokens_per_micro_batch=16384", "engine.dtype=bfloat16",
-                      "engine.enforce_eager=false", "engine.kv_cache_memory_bytes=8589934592",
-                      "engine.max_num_seqs=512", "rollout.max_prompt_len=512",
-                      "rollout.max_response_len=1024", "rollout.n=8", "rollout.concurrency=512",
-                      "trainer.prompts_per_step=64", "trainer.total_steps=2",
-                      "trainer.mini_batches=2", "trainer.val_every=0",
-                      "trainer.val_before_train=false", "algorithm.dynamic_sampling=false",
-                      "data.env_kwargs.digits=3", "checkpoint.every=0",
-                      "checkpoint.save_final=false", "checkpoint.export_final=false",
-                      "logging.tensorboard=false", "logging.wandb=false",
-                      f"trainer.out_dir={out / 'grpo'}"],
+        "grpo_step": grpo_command(out / "grpo", "trainer.total_steps=2"),
+        # The same shape for 3 steps in each overlapped mode (the last step is steady).
+        **{f"grpo_{mode}": grpo_command(out / f"grpo_{mode}", "trainer.total_steps=3",
+                                        f"trainer.mode={mode}", "actor.tis_cap=2.0")
+           for mode in ("one_step", "async")},
         # run from /tmp: `python -m pytest` puts its cwd first on sys.path, and the repo root's
         # agentloop/ folder would shadow the package (whose sub-packages live in sibling folders)
         "tests": [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
@@ -68,6 +63,22 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
                   "-c", str(ROOT / "pyproject.toml"),
                   f"--junitxml={out / 'tests.xml'}", str(ROOT / "tests")],
     }  # fmt: skip
+
+
+def grpo_command(out_dir: Path, *extra: str) -> list[str]:
+    """``agentloop train`` of the GRPO-step shape (0.5B, 64 × 8 Calc-v0 episodes ≤ 1k tokens)."""
+    return [sys.executable, "-c", "import sys; from agentloop.cli import main; sys.exit(main())",
+            "train", "grpo_calc_tiny", f"model.path={MODELS / 'qwen2-0.5B'}",
+            "actor.device=cuda", "actor.dtype=bfloat16", "actor.lr=1e-6",
+            "actor.max_tokens_per_micro_batch=16384", "engine.dtype=bfloat16",
+            "engine.enforce_eager=false", "engine.kv_cache_memory_bytes=8589934592",
+            "engine.max_num_seqs=512", "rollout.max_prompt_len=512",
+            "rollout.max_response_len=1024", "rollout.n=8", "rollout.concurrency=512",
+            "trainer.prompts_per_step=64", "trainer.mini_batches=2", "trainer.val_every=0",
+            "trainer.val_before_train=false", "algorithm.dynamic_sampling=false",
+            "data.env_kwargs.digits=3", "checkpoint.every=0", "checkpoint.save_final=false",
+            "checkpoint.export_final=false", "logging.tensorboard=false", "logging.wandb=false",
+            f"trainer.out_dir={out_dir}", *extra]  # fmt: skip
 
 
 def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[str, object]:
@@ -79,10 +90,10 @@ def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[st
         except subprocess.TimeoutExpired:
             rc = "timeout"
     status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
-    metrics = out / "grpo" / "metrics.jsonl"
-    if name == "grpo_step" and metrics.is_file():  # the last (warm) step's metrics
+    metrics = out / ("grpo" if name == "grpo_step" else name) / "metrics.jsonl"
+    if name.startswith("grpo_") and metrics.is_file():  # the last (warm) step's metrics
         last = json.loads(metrics.read_text().splitlines()[-1])
-        (out / "grpo_step.json").write_text(json.dumps(last, indent=2))
+        (out / f"{name}.json").write_text(json.dumps(last, indent=2))
     print(json.dumps(status), flush=True)
     return status
 
@@ -107,18 +118,25 @@ def rows(results: dict[str, object]) -> list[dict]:
             ws = r[transport]
             out.append(_row(f"weight sync {r['size']} {transport} ({ws['bytes'] / 1e9:.2f} GB)",
                             ws["GBps"], "GB/s", copy, "device copy"))  # fmt: skip
+        if "peak_extra_bytes" in r["cuda_ipc"]:
+            bound = r["chunk_bytes"] + r["largest_tensor_bytes"]
+            out.append(_row(f"weight sync {r['size']} cuda_ipc peak extra memory",
+                            r["cuda_ipc"]["peak_extra_bytes"] / 1e9, "GB", bound / 1e9,
+                            "chunk + largest tensor"))  # fmt: skip
         out.append(_row(f"weight sync {r['size']} max |Δlogprob| engine vs trainer",
                         r["gap_after_sync"], "nats", r["gap_vs_perturbed_before_sync"],
                         "gap before sync"))  # fmt: skip
-    grpo = results.get("grpo_step") or {}
-    for key in sorted(k for k in grpo if k.startswith(("timing_s/", "perf/"))):
-        out.append(_row(f"GRPO step (0.5B, 512 seqs) {key}", grpo[key], "", None, ""))
+    for phase, label in (("grpo_step", ""), ("grpo_one_step", ", one_step"),
+                         ("grpo_async", ", async")):  # fmt: skip
+        grpo = results.get(phase) or {}
+        for key in sorted(k for k in grpo if k.startswith(("timing_s/", "perf/"))):
+            out.append(_row(f"GRPO step (0.5B, 512 seqs{label}) {key}", grpo[key], "", None, ""))
     for n in (256, 1024):
         r = results.get(f"rollout_{n}") or {}
         if r:
             out.append(_row(f"rollout {n} Calc episodes, agent loop", r["agent_loop_tokens_per_s"],
                             "tok/s", r["ceiling_tokens_per_s"], "plain generate"))  # fmt: skip
-    for phase in ("train", "train_1.5B"):
+    for phase in ("train", "train_1.5B", "train_3B"):
         for r in (results.get(phase) or {}).get("runs", []):
             if "mfu" in r:
                 out.append(_row(f"train {r['name']}", r["mfu"], "MFU", None, "of measured peak"))
@@ -126,21 +144,30 @@ def rows(results: dict[str, object]) -> list[dict]:
     return out
 
 
-def report(dirs: list[Path]) -> dict[str, object]:
+def report(dirs: list[Path], baseline: Path | None = None) -> dict[str, object]:
+    """Merge the phase JSONs of ``dirs`` into one table; ``baseline`` (an earlier
+    ``results.json``) adds its value of each metric as the "old" column."""
     results: dict[str, object] = {}
     for d in dirs:
         for f in sorted(d.glob("*.json")):
             if f.name != "results.json":
                 results[f.stem] = json.loads(f.read_text())
     table = rows(results)
+    if baseline is not None:
+        before = {r["metric"]: r["ours"] for r in json.loads(baseline.read_text())["table"]}
+        for r in table:
+            r["old"] = before.get(r["metric"])
     width = max((len(r["metric"]) for r in table), default=10)
-    print(f"{'metric':<{width}}  {'ours':>12}  {'unit':<8} {'ceiling':>12}  {'ratio':>7}  vs")
+    print(f"{'metric':<{width}}  {'old':>10}  {'ours':>12}  {'unit':<8} {'ceiling':>12}  "
+          f"{'ratio':>7}  vs")  # fmt: skip
     for r in table:
+        old = "" if r.get("old") is None else f"{r['old']:10.4g}"
         ceiling = "" if r["ceiling"] is None else f"{r['ceiling']:12.4g}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:7.3f}"
-        print(f"{r['metric']:<{width}}  {r['ours']:12.4g}  {r['unit']:<8} {ceiling:>12}  "
-              f"{ratio:>7}  {r['ceiling_name']}")  # fmt: skip
-    merged = {"table": table, "phases": results}
+        print(f"{r['metric']:<{width}}  {old:>10}  {r['ours']:12.4g}  {r['unit']:<8} "
+              f"{ceiling:>12}  {ratio:>7}  {r['ceiling_name']}")  # fmt: skip
+    merged = {"table": table, "phases": results,
+              "baseline": None if baseline is None else baseline.name}  # fmt: skip
     (dirs[0] / "results.json").write_text(json.dumps(merged, indent=2))
     return merged
 
@@ -151,9 +178,10 @@ def main() -> None:
     parser.add_argument("--phases", nargs="+", default=None, help="default: all")
     parser.add_argument("--timeout-s", type=float, default=540.0, help="per phase")
     parser.add_argument("--report", nargs="+", type=Path, help="merge these result dirs")
+    parser.add_argument("--baseline", type=Path, help="an earlier results.json (old column)")
     args = parser.parse_args()
     if args.report:
-        report(args.report)
+        report(args.report, args.baseline)
         return
     if args.out is None:
         parser.error("--out is required (or --report DIR ...)")
@@ -163,7 +191,7 @@ def main() -> None:
         if name not in commands:
             parser.error(f"unknown phase {name!r}; phases: {list(commands)}")
         run_phase(name, commands[name], args.out, args.timeout_s)
-    report([args.out])
+    report([args.out], args.baseline)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 For each model size: GB/s of ``VLLMEngine.update_weights(worker.state_dict_for_inference())``
 with the ``cuda_ipc`` transport (the weights stay on the GPU) and with the ``file`` transport
-(through /dev/shm) for comparison; sleep/wake costs; and a check that after the sync the engine
-scores tokens as the trainer's new weights do.
+(through /dev/shm) for comparison; the trainer process's peak extra GPU memory during a
+``cuda_ipc`` sync (``torch.cuda.max_memory_allocated`` above what was allocated before it) next
+to its bound, one chunk (``engine.weight_chunk_bytes``) plus the largest tensor; sleep/wake
+costs; and a check that after the sync the engine scores tokens as the trainer's new weights do.
 
     python bench/gpu/weight_sync.py --tokenizer DIR --models /root/models --out results/ws.json
 """
@@ -68,10 +70,14 @@ async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, obje
         _perturb(worker)
         result["gap_vs_perturbed_before_sync"] = await _score_gap(engine, worker, prompt)
         for transport, n in (("cuda_ipc", repeats), ("file", max(2, repeats // 2))):
-            stats = []
+            stats, peaks = [], []
             for _ in range(n + 1):  # the first sync warms up; it is not counted
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
                 weights = worker.state_dict_for_inference()
                 stats.append(await engine.update_weights(weights, transport=transport))
+                peaks.append(torch.cuda.max_memory_allocated() - before)
             stats = stats[1:]
             total = statistics.median(s.total_s for s in stats)
             result[transport] = {
@@ -82,7 +88,13 @@ async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, obje
                 "load_s": statistics.median(s.load_s for s in stats),
                 "GBps": stats[0].num_bytes / total / 1e9,
                 "direct": all(s.direct for s in stats),
+                "peak_extra_bytes": max(peaks[1:]),
             }
+        result["chunk_bytes"] = engine.config.weight_chunk_bytes
+        result["largest_tensor_bytes"] = max(
+            t.numel() * 2
+            for _, t in worker.state_dict_for_inference()  # bf16 in the engine
+        )
         result["gap_after_sync"] = await _score_gap(engine, worker, prompt)
         result["sleep1_s"] = statistics.median(await _timed(lambda: engine.sleep(1), 1))
         result["wake_s"] = statistics.median(await _timed(lambda: engine.wake_up(), 1))
@@ -102,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer files")
     parser.add_argument("--models", type=Path, default=Path("/root/models"))
-    parser.add_argument("--sizes", nargs="+", default=["0.5B", "1.5B"])
+    parser.add_argument("--sizes", nargs="+", default=["0.5B", "1.5B", "3B"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
