@@ -23,7 +23,10 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
+
+import psutil
 
 from agentloop.errors import SandboxError
 
@@ -313,6 +316,11 @@ class Launcher:
         return LaunchedProcess(self, pid, pidfd, writer, stdout, stderr)
 
     async def close(self) -> None:
+        """Kill the launcher and every process below it. Without a cgroup nothing else finds
+        those: a bwrap init whose outer bwrap was killed before ``--die-with-parent`` took hold
+        (a window that a busy core widens) comes to the launcher, a subreaper, and would go on
+        to pid 1 and outlive everything if the launcher died first."""
+        await _kill_descendants(self.pid)
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         await _wait_exit(self.proc)
@@ -333,6 +341,32 @@ async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
         loop.remove_reader(pidfd)
         os.close(pidfd)
     return proc.wait()
+
+
+async def _kill_descendants(pid: int, deadline_s: float = 5.0) -> None:
+    """SIGKILL every live process below ``pid`` until none is left: a process orphaned while
+    this runs comes to ``pid`` (a subreaper) and is killed on the next pass."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            below = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        live = [p for p in below if _alive(p)]
+        if not live:
+            return
+        for proc in live:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        await asyncio.sleep(0.01)  # the kills land; then look again
+    log.warning("processes below sandbox launcher %d outlived %.0f s of SIGKILL", pid, deadline_s)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -288,3 +288,25 @@ async def test_closing_the_slot_pool_finishes_a_drop_it_cancelled(
     await pool.close()
     assert dropped == [slot.pid]
     assert slot.cgroup is None or not slot.cgroup.dirs[0][1].exists()
+
+
+async def test_closing_a_launcher_without_a_cgroup_kills_what_it_started() -> None:
+    """Without a cgroup (the rlimits mode) the launcher's close is what kills a sandbox that
+    lost its way: here a started program's child that no parent death signal reaches, as a bwrap
+    init is when its outer bwrap is killed before ``--die-with-parent`` takes hold. It used to
+    go on to pid 1 and outlive the suite (seen in CI with each lane pinned to one core)."""
+    import psutil
+
+    from agentloop.sandboxes.launcher import Launcher
+
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(600)\ntime.sleep(600)"
+    launcher = await Launcher.start("/usr/bin/python3", None)
+    proc = await launcher.launch(["/usr/bin/python3", "-c", code], {}, None, {}, False)
+    started = psutil.Process(proc.pid)
+    deadline = asyncio.get_running_loop().time() + 30
+    while not started.children() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)  # the fork
+    grandchild = started.children()[0]
+    await launcher.close()
+    for p in (started, grandchild):
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE, p
