@@ -74,6 +74,7 @@ def grpo_command(out_dir: Path, *extra: str) -> list[str]:
             "engine.enforce_eager=false", "engine.kv_cache_memory_bytes=8589934592",
             "engine.max_num_seqs=512", "rollout.max_prompt_len=512",
             "rollout.max_response_len=1024", "rollout.n=8", "rollout.concurrency=512",
+            "rollout.parser=hermes",
             "trainer.prompts_per_step=64", "trainer.mini_batches=2", "trainer.val_every=0",
             "trainer.val_before_train=false", "algorithm.dynamic_sampling=false",
             "data.env_kwargs.digits=3", "checkpoint.every=0", "checkpoint.save_final=false",
@@ -91,9 +92,12 @@ def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[st
             rc = "timeout"
     status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
     metrics = out / ("grpo" if name == "grpo_step" else name) / "metrics.jsonl"
-    if name.startswith("grpo_") and metrics.is_file():  # the last (warm) step's metrics
-        last = json.loads(metrics.read_text().splitlines()[-1])
-        (out / f"{name}.json").write_text(json.dumps(last, indent=2))
+    if name.startswith("grpo_") and metrics.is_file():
+        # step 2: warm, and in one_step the last step that overlaps generation (the final step
+        # only trains the batch generated during the one before)
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+        warm = next((m for m in steps if m.get("step") == 2), steps[-1])
+        (out / f"{name}.json").write_text(json.dumps(warm, indent=2))
     print(json.dumps(status), flush=True)
     return status
 
@@ -154,9 +158,10 @@ def report(dirs: list[Path], baseline: Path | None = None) -> dict[str, object]:
                 results[f.stem] = json.loads(f.read_text())
     table = rows(results)
     if baseline is not None:
-        before = {r["metric"]: r["ours"] for r in json.loads(baseline.read_text())["table"]}
+        old = json.loads(baseline.read_text())["table"]
+        before = {(r["metric"], r["unit"]): r["ours"] for r in old}
         for r in table:
-            r["old"] = before.get(r["metric"])
+            r["old"] = before.get((r["metric"], r["unit"]))
     width = max((len(r["metric"]) for r in table), default=10)
     print(f"{'metric':<{width}}  {'old':>10}  {'ours':>12}  {'unit':<8} {'ceiling':>12}  "
           f"{'ratio':>7}  vs")  # fmt: skip
