@@ -151,3 +151,30 @@ def test_the_makefile_tiers_are_these() -> None:
         found = re.search(rf"^{name} := (.+)$", makefile, re.MULTILINE)
         assert found is not None and found.group(1) == getattr(tiers_module, name), name
         assert f'-m "$({name})"' in makefile, name
+
+
+def test_each_lane_gets_a_core_of_its_own_and_one_thread() -> None:
+    """``pin_lane``: under two xdist workers, worker gwN runs (with all it starts) on the N-th
+    core with one thread and binds vLLM's OpenMP threads there; outside xdist it changes nothing."""
+    code = (
+        "import os, sys; os.sched_setaffinity(0, range(os.cpu_count()))\n"
+        "import tiers, torch; tiers.pin_lane()\n"
+        "print(sorted(os.sched_getaffinity(0)), os.environ.get('VLLM_CPU_OMP_THREADS_BIND'),"
+        " os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+    )
+    cores = list(range(os.cpu_count() or 1))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PYTEST_XDIST_", "VLLM_CPU_OMP", "OMP_NUM"))}  # fmt: skip
+
+    def pinned(worker: str | None) -> str:
+        env = {**clean, **({"PYTEST_XDIST_WORKER": worker, "PYTEST_XDIST_WORKER_COUNT": "2"}
+                           if worker else {})}  # fmt: skip
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", env=env,
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        return run.stdout.strip()
+
+    assert pinned("gw0") == f"[{cores[0]}] {cores[0]} 1 1"
+    assert pinned("gw1") == f"[{cores[1]}] {cores[1]} 1 1"
+    assert pinned(None).startswith(f"{cores} None None")

@@ -28,19 +28,18 @@ STARTS: dict[str, tuple[str, ...]] = {
 #: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
 #: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
 #: lane "b": the long demo (its SFT stage read by the SFT test), then training runs that start
-#: their own engines and no Ray (async, an SDK agent, the dead-sandbox guard, tool I/O replay,
-#: the VLM recipe async and resumed),
-#: and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine anyway, for the SFT
-#: test). Everything else is lane "a", Ray included (one Ray cluster at a time). Balance the two
-#: by --durations: in CI on 2026-11-26, lane a ran ~60 min and lane b ~50 before this module
-#: (~7 min) moved to b.
+#: their own engines and no Ray (async, the dead-sandbox guard, tool I/O replay, the VLM recipe
+#: async and resumed), and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine
+#: anyway, for the SFT test). Everything else is lane "a", Ray included (one Ray cluster at a
+#: time). Balance the two by --durations: in CI on 2026-11-28, with each lane pinned to a core
+#: (:func:`pin_lane`), lane b ran ~49 min and lane a ~44 (without the 39 leak-check waits of that
+#: run) before the SDK-agent runs (~3.5 min) moved to a.
 LANE_B = frozenset({
     "tests/engines/test_vllm_tool_io.py",
     "tests/recipes/test_demo.py",
     "tests/trainers/test_sft_calc.py",
     "tests/trainers/test_example_config.py",
     "tests/trainers/test_async_vllm.py",
-    "tests/trainers/test_train_agent.py",
     "tests/trainers/test_train_guard_cli.py",
     "tests/trainers/test_train_tool_io.py",
     "tests/trainers/test_train_vlm_async.py",
