@@ -52,7 +52,7 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
         # One GRPO step (+1 to warm up) of the real trainer, colocated on the one GPU: a random-init
         # 0.5B model (weight_sync made it), Calc-v0, 64 prompts × 8 samples, up to 1k tokens each.
         "grpo_step": grpo_command(out / "grpo", "trainer.total_steps=2"),
-        # The same shape for 3 steps in each overlapped mode (the last step is steady).
+        # The same shape for 3 steps in each overlapped mode (step 2 is recorded: steady).
         **{f"grpo_{mode}": grpo_command(out / f"grpo_{mode}", "trainer.total_steps=3",
                                         f"trainer.mode={mode}", "actor.tis_cap=2.0")
            for mode in ("one_step", "async")},
