@@ -43,8 +43,9 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
         "train_3B": [py, str(ROOT / "bench" / "train_throughput.py"), "--device", "cuda",
                      "--model-size", "3B", "--activation-checkpointing", "on", "--modes", "packed",
                      "--out", str(out / "train_3B.json")],
-        # The agent loop vs one plain batched generate of the same tokens, on the tool-calling
-        # tiny model (the python tool in-process: the image has no bubblewrap), CUDA graphs on.
+        # The agent loop vs one plain batched generate of the same tokens and vs its own turns
+        # replayed through vLLM alone (the fair ceiling), on the tool-calling tiny model (the
+        # python tool in-process), CUDA graphs on.
         **{f"rollout_{n}": [py, str(ROOT / "bench" / "rollout_throughput.py"), "--tasks",
                             str(n // 4), "--n", "4", "--repeat", "3", "--sandbox", "fake",
                             "--compile", "--dtype", "bfloat16",
@@ -140,6 +141,10 @@ def rows(results: dict[str, object]) -> list[dict]:
         if r:
             out.append(_row(f"rollout {n} Calc episodes, agent loop", r["agent_loop_tokens_per_s"],
                             "tok/s", r["ceiling_tokens_per_s"], "plain generate"))  # fmt: skip
+            if "replay_tokens_per_s" in r:
+                out.append(_row(f"rollout {n} Calc episodes, agent loop vs its turns replayed",
+                                r["agent_loop_tokens_per_s"], "tok/s", r["replay_tokens_per_s"],
+                                "same turns, vLLM alone (fair)"))  # fmt: skip
     for phase in ("train", "train_1.5B", "train_3B"):
         for r in (results.get(phase) or {}).get("runs", []):
             if "mfu" in r:
