@@ -52,9 +52,10 @@ INTEGRATION := not e2e and not gpu and (slow or vllm or ray or browser)
 E2E := e2e and not gpu
 
 # Everything, every tier: what CI runs. Two xdist workers, each a lane of whole modules with its
-# own session fixtures (tests/tiers.py LANE_B says which lane): ~2 cores busy instead of ~1.2.
+# own session fixtures, and training modules that go to whichever lane is free first
+# (tests/tiers.py LANE_B and FLOATING): ~2 cores busy instead of ~1.2.
 test: setup lint typecheck
-	$(PYTEST) -n 2 --dist loadscope --durations=25
+	$(PYTEST) -n 2 --dist loadscope --durations=40
 
 # While working: lint, types and the quick tier (a few minutes on 2 cores).
 test-fast: setup lint typecheck

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from tiers import COLLECTED, STARTS, lane, pin_lane
+from tiers import COLLECTED, STARTS, pin_lane, scope, scope_order
 
 if TYPE_CHECKING:
     from short_demo import DemoRun
@@ -48,15 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``--dist loadscope`` a test's scope is its lane (tests/tiers.py LANE_B): each of the
-    two workers runs one lane, so a lane's session fixtures are built once."""
+    """Under ``--dist loadscope`` a test's scope is its lane or floating group (tests/tiers.py):
+    each of the two workers starts on a lane of its own, so a lane's session fixtures are built
+    once, and the floating groups go to whichever worker runs out of work first."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lane(nodeid)
+            return scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            for name in reversed(scope_order()):  # xdist queued the scopes by size
+                if name in self.workqueue:
+                    self.workqueue.move_to_end(name, last=False)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)
 

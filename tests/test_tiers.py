@@ -60,7 +60,9 @@ def _module(nodeid: str) -> str:
 def _tiers(config: pytest.Config, tmp_path: Path) -> Tiers:
     """Markers and fixtures of the tests of every module named above: from this session's
     collection when it collected them (make test, make test-fast), else a collect-only run."""
-    named = {*KNOWN, *QUICK_MODULES, *USERS, *tiers_module.LANE_B, *map(_module, KNOWN_TESTS)}
+    floating = [m for group in tiers_module.FLOATING.values() for m in group]
+    named = {*KNOWN, *QUICK_MODULES, *USERS, *tiers_module.LANE_B, *floating,
+             *map(_module, KNOWN_TESTS)}  # fmt: skip
     modules = sorted(named)
     collected = config.stash.get(COLLECTED, {})
     if {_module(n) for n in collected} >= set(modules):
@@ -105,6 +107,21 @@ def test_lane_b_names_modules_that_exist_and_make_test_runs_the_lanes(tiers: Tie
     modules = {_module(n) for n in tiers}
     assert modules >= tiers_module.LANE_B, tiers_module.LANE_B - modules
     assert "-n 2 --dist loadscope" in (ROOT / "Makefile").read_text()
+
+
+def test_floating_groups_start_no_ray_and_read_no_lanes_session_fixtures(tiers: Tiers) -> None:
+    """A floating group runs beside either lane: beside lane a's Ray cluster it must start no Ray
+    of its own, and a lane's costly session fixtures would be built a second time for it."""
+    lane_fixtures = {"vllm_engine", "demo_run", "ray_cluster", "local_ray"}
+    modules = [m for group in tiers_module.FLOATING.values() for m in group]
+    assert len(modules) == len(set(modules)) and not set(modules) & tiers_module.LANE_B
+    for module in modules:
+        tests = {n: v for n, v in tiers.items() if _module(n) == module}
+        assert tests, f"{module} has no tests: update FLOATING"
+        for nodeid, (markers, fixtures) in tests.items():
+            assert "ray" not in markers and not fixtures & lane_fixtures, (nodeid, fixtures)
+    assert tiers_module.scope_order()[:2] == ["a", "b"]
+    assert tiers_module.scope(modules[0] + "::t") in tiers_module.FLOATING
 
 
 def test_each_lane_runs_on_one_worker(tmp_path: Path) -> None:

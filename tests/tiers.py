@@ -25,25 +25,35 @@ STARTS: dict[str, tuple[str, ...]] = {
 }
 
 #: ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``), each a lane that
-#: runs its tests in order in one process, so session fixtures (the shared vLLM engine, the
-#: shortened demo, ``local_run``) are built once per lane, never per test. These modules form
-#: lane "b": the long demo (its SFT stage read by the SFT test), then training runs that start
-#: their own engines and no Ray (async, the dead-sandbox guard, tool I/O replay, the VLM recipe
-#: async and resumed), and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine
-#: anyway, for the SFT test). Everything else is lane "a", Ray included (one Ray cluster at a
-#: time). Balance the two by --durations: in CI on 2026-11-28, with each lane pinned to a core
-#: (:func:`pin_lane`), lane b ran ~49 min and lane a ~44 (without the 39 leak-check waits of that
-#: run) before the SDK-agent runs (~3.5 min) moved to a.
+#: runs its tests in order in one process, so a lane's session fixtures (the shared vLLM engine,
+#: the shortened demo, ``local_run``) are built once per lane, never per test. The scopes the
+#: scheduler hands out (:func:`scope`) are: lane "a" and lane "b", one per worker from the start,
+#: then the FLOATING groups, each to whichever lane runs out of work first.
+#:
+#: Lane "b": the long demo and the modules that read it (its SFT stage, the shipped example built
+#: on its SFT), and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine anyway,
+#: for the SFT test).
 LANE_B = frozenset({
     "tests/engines/test_vllm_tool_io.py",
     "tests/recipes/test_demo.py",
     "tests/trainers/test_sft_calc.py",
     "tests/trainers/test_example_config.py",
-    "tests/trainers/test_async_vllm.py",
-    "tests/trainers/test_train_guard_cli.py",
-    "tests/trainers/test_train_tool_io.py",
-    "tests/trainers/test_train_vlm_async.py",
 })  # fmt: skip
+
+#: Whole training runs that start their own engines and no Ray, and read neither lane's session
+#: fixtures: they fill the two lanes' tails. Heaviest first (CI, 2026-11-28, pinned lanes); the
+#: modules of a group share a session fixture (``local_run``: one GRPO run both read), so they run
+#: in one lane. Everything not named here or in LANE_B is lane "a", Ray included (one Ray cluster
+#: at a time).
+FLOATING: dict[str, tuple[str, ...]] = {
+    "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
+    "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
+    "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~4 min
+    "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~3.5 min
+    "thinking": ("tests/trainers/test_train_thinking.py",),  # ~2.5 min
+    "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1.5 min
+}
+_FLOATING_SCOPE = {module: group for group, modules in FLOATING.items() for module in modules}
 
 
 def pin_lane() -> None:
@@ -66,12 +76,21 @@ def pin_lane() -> None:
     torch.set_num_threads(1)
 
 
-def lane(nodeid: str) -> str:
-    """The lane of a test (its xdist scope under ``make test``): "b" or "a". Modules named in
-    ``$AGENTLOOP_EXTRA_LANE_B`` (comma-separated) join lane b: tests/test_tiers.py checks the
-    split on quick modules that way."""
+def scope(nodeid: str) -> str:
+    """The xdist scope of a test under ``make test``: "a", "b" or a FLOATING group's name.
+    Modules named in ``$AGENTLOOP_EXTRA_LANE_B`` (comma-separated) join lane b: tests/test_tiers.py
+    checks the scheduling on quick modules that way."""
+    module = nodeid.split("::")[0]
     extra = set(filter(None, os.environ.get("AGENTLOOP_EXTRA_LANE_B", "").split(",")))
-    return "b" if nodeid.split("::")[0] in LANE_B | extra else "a"
+    if module in LANE_B | extra:
+        return "b"
+    return _FLOATING_SCOPE.get(module, "a")
+
+
+def scope_order() -> list[str]:
+    """The order the scheduler hands scopes out: the two lanes first (one per worker), then the
+    floating groups, heaviest first."""
+    return ["a", "b", *FLOATING]
 
 
 #: The quick tier: what runs while working (``make test-fast``).
