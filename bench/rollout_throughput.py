@@ -163,9 +163,9 @@ async def replay(engine: Any, meter: Meter, trajs: list[Trajectory], args: Any, 
     sends its turns in order, each sampling exactly as many tokens as the loop's turn did, from a
     context of the loop's lengths: the prompt, then per earlier turn the ids this replay sampled
     (so the prefix cache serves them as it serves the loop's) and the loop's observation tokens;
-    episodes run concurrently. No tools, no templates, no agentloop code: the
-    engine prefills every observation as the loop's engine did, so what separates the loop from
-    this is the loop's own cost (parsing, tools, environment, scheduling)."""
+    episodes run concurrently. No tools, no templates, no agentloop code: the engine prefills
+    every observation as the loop's engine did, so what separates the loop from this is the
+    loop's own cost (parsing, tools, environment, scheduling)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 

@@ -46,6 +46,7 @@ LANE_B = frozenset({
 #: in one lane. Everything not named here or in LANE_B is lane "a", Ray included (one Ray cluster
 #: at a time).
 FLOATING: dict[str, tuple[str, ...]] = {
+    # ~11 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
     "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
     "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~4 min
