@@ -119,25 +119,34 @@ async def agent_loop(
     return run, trajs
 
 
-async def ceiling(engine: Any, meter: Meter, trajs: list[Trajectory], args: Any, seed: int) -> Run:
-    """Plain vLLM: each episode's prompt, that episode's sampled-token count, in one batch."""
+async def sample_exactly(
+    llm: Any, prompt: list[int], tokens: int, args: Any, seed: int, request_id: str
+) -> list[int]:
+    """Plain vLLM: ``tokens`` ids sampled after ``prompt`` (``ignore_eos``), with the loop's
+    sampling settings and sampled-token logprobs, as one request."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    llm = engine.llm
+    params = SamplingParams(
+        n=1, max_tokens=tokens, ignore_eos=True, temperature=args.temperature, top_p=1.0,
+        top_k=0, seed=seed, logprobs=0, detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )  # fmt: skip
+    final = None
+    async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id):
+        final = out
+    assert final is not None
+    return list(final.outputs[0].token_ids)
+
+
+async def ceiling(engine: Any, meter: Meter, trajs: list[Trajectory], args: Any, seed: int) -> Run:
+    """Plain vLLM: each episode's prompt, that episode's sampled-token count, in one batch."""
 
     async def one(i: int, traj: Trajectory) -> int:
-        params = SamplingParams(
-            n=1, max_tokens=sum(traj.loss_mask), ignore_eos=True, temperature=args.temperature,
-            top_p=1.0, top_k=0, seed=seed * 100_003 + i, logprobs=0, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )  # fmt: skip
-        prompt = {"prompt_token_ids": list(traj.token_ids[: traj.prompt_len])}
-        final = None
-        async for out in llm.generate(prompt, params, f"ceiling-{seed}-{i}"):
-            final = out
-        assert final is not None
-        return len(final.outputs[0].token_ids)
+        prompt = list(traj.token_ids[: traj.prompt_len])
+        ids = await sample_exactly(engine.llm, prompt, sum(traj.loss_mask), args,
+                                   seed * 100_003 + i, f"ceiling-{seed}-{i}")  # fmt: skip
+        return len(ids)
 
     await engine.reset_prefix_cache()
     meter.start()
@@ -166,27 +175,14 @@ async def replay(engine: Any, meter: Meter, trajs: list[Trajectory], args: Any, 
     episodes run concurrently. No tools, no templates, no agentloop code: the engine prefills
     every observation as the loop's engine did, so what separates the loop from this is the
     loop's own cost (parsing, tools, environment, scheduling)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    llm = engine.llm
 
     async def episode(i: int, traj: Trajectory) -> int:
         context: list[int] = []
         sampled = end = 0
         for turn, (start, length) in enumerate(sampled_runs(traj)):
             context += traj.token_ids[end:start]  # the prompt, or the observation after a turn
-            params = SamplingParams(
-                n=1, max_tokens=length, ignore_eos=True, temperature=args.temperature, top_p=1.0,
-                top_k=0, seed=seed * 100_003 + i, logprobs=0, detokenize=False,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )  # fmt: skip
-            final = None
-            async for out in llm.generate({"prompt_token_ids": context}, params,
-                                          f"replay-{seed}-{i}-{turn}"):  # fmt: skip
-                final = out
-            assert final is not None
-            ids = final.outputs[0].token_ids
+            ids = await sample_exactly(engine.llm, context, length, args, seed * 100_003 + i,
+                                       f"replay-{seed}-{i}-{turn}")  # fmt: skip
             context, sampled, end = [*context, *ids], sampled + len(ids), start + length
         return sampled
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from tiers import COLLECTED, STARTS, pin_lane, scope, scope_order
+from tiers import COLLECTED, SCOPE_ORDER, STARTS, pin_lane, scope
 
 if TYPE_CHECKING:
     from short_demo import DemoRun
@@ -60,7 +60,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            for name in reversed(scope_order()):  # xdist queued the scopes by size
+            for name in reversed(SCOPE_ORDER):  # xdist queued the scopes by size
                 if name in self.workqueue:
                     self.workqueue.move_to_end(name, last=False)
             super()._assign_work_unit(node)

@@ -60,8 +60,7 @@ def _module(nodeid: str) -> str:
 def _tiers(config: pytest.Config, tmp_path: Path) -> Tiers:
     """Markers and fixtures of the tests of every module named above: from this session's
     collection when it collected them (make test, make test-fast), else a collect-only run."""
-    floating = [m for group in tiers_module.FLOATING.values() for m in group]
-    named = {*KNOWN, *QUICK_MODULES, *USERS, *tiers_module.LANE_B, *floating,
+    named = {*KNOWN, *QUICK_MODULES, *USERS, *tiers_module.LANE_B, *tiers_module.FLOATING_MODULES,
              *map(_module, KNOWN_TESTS)}  # fmt: skip
     modules = sorted(named)
     collected = config.stash.get(COLLECTED, {})
@@ -113,15 +112,16 @@ def test_floating_groups_start_no_ray_and_read_no_lanes_session_fixtures(tiers: 
     """A floating group runs beside either lane: beside lane a's Ray cluster it must start no Ray
     of its own, and a lane's costly session fixtures would be built a second time for it."""
     lane_fixtures = {"vllm_engine", "demo_run", "ray_cluster", "local_ray"}
-    modules = [m for group in tiers_module.FLOATING.values() for m in group]
-    assert len(modules) == len(set(modules)) and not set(modules) & tiers_module.LANE_B
-    for module in modules:
+    modules = tiers_module.FLOATING_MODULES
+    assert sum(map(len, tiers_module.FLOATING.values())) == len(modules)  # no module twice
+    assert not modules & tiers_module.LANE_B
+    for module in sorted(modules):
         tests = {n: v for n, v in tiers.items() if _module(n) == module}
         assert tests, f"{module} has no tests: update FLOATING"
         for nodeid, (markers, fixtures) in tests.items():
             assert "ray" not in markers and not fixtures & lane_fixtures, (nodeid, fixtures)
-    assert tiers_module.scope_order()[:2] == ["a", "b"]
-    assert tiers_module.scope(modules[0] + "::t") in tiers_module.FLOATING
+    assert tiers_module.SCOPE_ORDER[:2] == ("a", "b")
+    assert all(tiers_module.scope(m + "::t") in tiers_module.FLOATING for m in modules)
 
 
 def test_each_lane_runs_on_one_worker(tmp_path: Path) -> None:

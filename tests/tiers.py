@@ -55,6 +55,10 @@ FLOATING: dict[str, tuple[str, ...]] = {
     "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1.5 min
 }
 _FLOATING_SCOPE = {module: group for group, modules in FLOATING.items() for module in modules}
+FLOATING_MODULES = frozenset(_FLOATING_SCOPE)
+#: The order the scheduler hands scopes out: the two lanes first (one per worker), then the
+#: floating groups, heaviest first.
+SCOPE_ORDER = ("a", "b", *FLOATING)
 
 
 def pin_lane() -> None:
@@ -86,12 +90,6 @@ def scope(nodeid: str) -> str:
     if module in LANE_B | extra:
         return "b"
     return _FLOATING_SCOPE.get(module, "a")
-
-
-def scope_order() -> list[str]:
-    """The order the scheduler hands scopes out: the two lanes first (one per worker), then the
-    floating groups, heaviest first."""
-    return ["a", "b", *FLOATING]
 
 
 #: The quick tier: what runs while working (``make test-fast``).
