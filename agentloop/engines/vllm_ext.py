@@ -85,7 +85,7 @@ class WeightSyncExtension:
         The first update of a given set of names goes through the model's own ``load_weights``
         and then checks whether plain row-slice copies (see :func:`direct_copy_targets`) would
         have produced exactly the same parameters; if so, later updates of those names are just
-        those copies — one device-to-device copy per tensor, no per-layer reload machinery."""
+        those copies (one ``torch._foreach_copy_``), no per-layer reload machinery."""
         from torch.multiprocessing.reductions import shared_cache
 
         t0 = time.perf_counter()
@@ -105,20 +105,21 @@ class WeightSyncExtension:
         key = tuple(name for name, _ in views)
         targets = cache.get(key)
         if targets:
+            # a tensor-parallel worker on another GPU than the buffer: vLLM's sleep-mode (cumem)
+            # weights are mapped for their own GPU only, and a peer copy into them fails
+            # ("invalid argument"); stage the tensor on the parameter's GPU
             with torch.no_grad():
-                for (param, start, rows), (_, view) in zip(targets, views, strict=True):
-                    # a tensor-parallel worker on another GPU than the buffer: vLLM's sleep-mode
-                    # (cumem) weights are mapped for their own GPU only, and a peer copy into
-                    # them fails ("invalid argument"); stage the tensor on the parameter's GPU
-                    param.narrow(0, start, rows).copy_(view.to(param.device))
+                torch._foreach_copy_(
+                    targets, [v.to(t.device) for t, (_, v) in zip(targets, views, strict=True)]
+                )
         else:
             self._reload(iter(views))
             if targets is None:  # first time: would the direct copies have given the same?
                 model = self.model_runner.get_model()
                 found = direct_copy_targets(model, [(n, tuple(v.shape)) for n, v in views])
                 ok = found is not None and all(
-                    torch.equal(p.narrow(0, start, rows), v.to(p.device, p.dtype))
-                    for (p, start, rows), (_, v) in zip(found, views, strict=True)
+                    torch.equal(t, v.to(t.device, t.dtype))
+                    for t, (_, v) in zip(found, views, strict=True)
                 )
                 cache[key] = found if ok else False
         torch.cuda.synchronize()  # the sender frees the buffer once this call has returned
@@ -163,17 +164,17 @@ def _device_index(uuid: str) -> int:
 
 def direct_copy_targets(
     model: torch.nn.Module, named_shapes: list[tuple[str, tuple[int, ...]]]
-) -> list[tuple[torch.Tensor, int, int]] | None:
-    """Where each checkpoint tensor lands in the served model, as ``(parameter, first row,
-    rows)``: its own parameter, or its rows of a fused one (``q/k/v_proj`` → ``qkv_proj``,
-    ``gate/up_proj`` → ``gate_up_proj``, per the model's ``packed_modules_mapping``), in order.
+) -> list[torch.Tensor] | None:
+    """Where each checkpoint tensor lands in the served model, in order: a view of its own
+    parameter, or of its rows of a fused one (``q/k/v_proj`` → ``qkv_proj``, ``gate/up_proj`` →
+    ``gate_up_proj``, per the model's ``packed_modules_mapping``).
     None when a name has no such place (sharded, quantized or repacked weights): then only the
     model's ``load_weights`` knows how to load it. Callers verify the mapping before using it."""
     params = dict(model.named_parameters())
     packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
     part_of = {part: (fused, parts) for fused, parts in packed.items() for part in parts}
     rows_of = {name: shape[0] for name, shape in named_shapes if shape}
-    out: list[tuple[torch.Tensor, int, int]] = []
+    out: list[torch.Tensor] = []
     for name, shape in named_shapes:
         prefix, _, rest = name.rpartition(".")
         module_path, _, module = prefix.rpartition(".")
@@ -189,7 +190,7 @@ def direct_copy_targets(
             return None
         if tuple(target.shape[1:]) != tuple(shape[1:]) or start + shape[0] > target.shape[0]:
             return None
-        out.append((target, start, shape[0]))
+        out.append(target.detach().narrow(0, start, shape[0]))
     return out
 
 
@@ -271,16 +272,18 @@ class CudaIpcBuffer:
         offset = 0
         for name, tensor in named_tensors:
             _check_cuda_tensor(name, tensor, shapes)
-            if any(entry[0] == name for entry in layout):
-                raise ConfigError(f"update_weights got tensor {name!r} twice")
             nbytes = itemsize * tensor.numel()
             layout.append(
                 (name, str(dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
             )
             offset += -(-nbytes // self._ALIGN) * self._ALIGN
+        names = [entry[0] for entry in layout]
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ConfigError(f"update_weights got tensor {twice!r} twice")
         self.buffer = torch.empty(offset, dtype=torch.uint8, device=named_tensors[0][1].device)
-        for (_, _, shape, off, nbytes), (_, tensor) in zip(layout, named_tensors, strict=True):
-            self.buffer[off : off + nbytes].view(dtype).view(shape).copy_(tensor)
+        slots = [self.buffer[o : o + n].view(dtype).view(shape) for _, _, shape, o, n in layout]
+        torch._foreach_copy_(slots, [tensor for _, tensor in named_tensors])  # one call, cast
         torch.cuda.synchronize(self.buffer.device)
         self.num_tensors = len(layout)
         self.num_bytes = sum(entry[4] for entry in layout)

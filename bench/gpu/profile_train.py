@@ -41,7 +41,7 @@ from transformers import Qwen2Config
 from agentloop.trainers import logprobs as logprobs_module
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 
-VARIANTS = ("base", "op_by_op_logprobs", "fused_adam", "chunk4k")
+VARIANTS = ("base", "op_by_op_logprobs", "fused_adam", "chunk4k", "compiled_mlp_norm")
 # kernel name fragments → category (first match wins; names lower-cased)
 CATEGORIES = (
     ("attention", ("flash", "fmha", "attention")),
@@ -101,7 +101,51 @@ def _variant(worker: PolicyWorker, name: str) -> Callable[[], None]:
             worker_module.token_logprobs = real
 
         return undo_chunks
+    if name == "compiled_mlp_norm":
+        return _compile_mlp_norm(worker.model)
     return lambda: None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen2RMSNorm's forward as a function of its input and weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Qwen2MLP's forward (SwiGLU, no biases) as a function of its input and weights."""
+    f = torch.nn.functional
+    return f.linear(f.silu(f.linear(x, gate)) * f.linear(x, up), down)
+
+
+def _compile_mlp_norm(model: torch.nn.Module, backend: str = "inductor") -> Callable[[], None]:
+    """Run every RMSNorm and MLP of a Qwen2 model through one compiled function each (the
+    weights are inputs, so the 24-49 instances share one compilation); returns the undo."""
+    rms = torch.compile(_rms_norm, dynamic=True, backend=backend)
+    mlp = torch.compile(_mlp, dynamic=True, backend=backend)
+    swapped: list[tuple[torch.nn.Module, Any]] = []
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm"):
+            forward: Any = lambda x, m=module: rms(x, m.weight, m.variance_epsilon)  # noqa: E731
+        elif kind.endswith("MLP"):
+            forward = lambda x, m=module: mlp(  # noqa: E731
+                x, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight
+            )
+        else:
+            continue
+        swapped.append((module, module.__dict__.get("forward")))
+        module.forward = forward
+
+    def undo() -> None:
+        for module, old in swapped:
+            if old is None:
+                del module.forward
+            else:
+                module.forward = old
+
+    return undo
 
 
 def profile_step(worker: PolicyWorker, seqs: Sequence[Any], steps: int) -> dict[str, Any]:

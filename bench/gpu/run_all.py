@@ -120,6 +120,8 @@ def rows(results: dict[str, object]) -> list[dict]:
         out.append(_row("device copy_ (D2D)", copy, "GB/s", None, "(the ceiling)"))
     for r in results.get("weight_sync") or []:
         for transport in ("cuda_ipc", "file"):
+            if transport not in r:  # weight_sync.py --transports left it out
+                continue
             ws = r[transport]
             out.append(_row(f"weight sync {r['size']} {transport} ({ws['bytes'] / 1e9:.2f} GB)",
                             ws["GBps"], "GB/s", copy, "device copy"))  # fmt: skip

@@ -56,7 +56,9 @@ async def _timed(coro_fn, repeats: int) -> list[float]:
     return times
 
 
-async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, object]:
+async def bench_size(
+    size: str, model_dir: Path, repeats: int, transports: list[str]
+) -> dict[str, object]:
     worker = PolicyWorker(model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
     engine = VLLMEngine.create(
         model_dir, dtype="bfloat16", max_model_len=2048, kv_cache_memory_bytes=4 << 30,
@@ -69,7 +71,8 @@ async def bench_size(size: str, model_dir: Path, repeats: int) -> dict[str, obje
         result["gap_before_sync"] = await _score_gap(engine, worker, prompt)
         _perturb(worker)
         result["gap_vs_perturbed_before_sync"] = await _score_gap(engine, worker, prompt)
-        for transport, n in (("cuda_ipc", repeats), ("file", max(2, repeats // 2))):
+        for transport in transports:
+            n = repeats if transport == "cuda_ipc" else max(2, repeats // 2)  # file: seconds
             stats, peaks = [], []
             for _ in range(n + 1):  # the first sync warms up; it is not counted
                 torch.cuda.synchronize()
@@ -116,12 +119,13 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=Path("/root/models"))
     parser.add_argument("--sizes", nargs="+", default=["0.5B", "1.5B", "3B"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--transports", nargs="+", default=["cuda_ipc", "file"])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     results = []
     for size in args.sizes:
         model_dir = make_model_dir(size, args.models / f"qwen2-{size}", args.tokenizer)
-        results.append(asyncio.run(bench_size(size, model_dir, args.repeats)))
+        results.append(asyncio.run(bench_size(size, model_dir, args.repeats, args.transports)))
         print(json.dumps(results[-1], indent=2), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

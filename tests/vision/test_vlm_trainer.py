@@ -88,6 +88,27 @@ def test_the_worker_loads_a_vlm_and_exports_the_checkpoint_names(
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
 
 
+def test_checkpoint_names_ask_transformers_once_per_name(
+    tiny_vlm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every weight sync renames every tensor. transformers' revert walks all modules on each
+    call (it was most of a sync's time), so a pure renaming is asked for once and remembered."""
+    import transformers.core_model_loading as hf
+
+    w = _worker(tiny_vlm_dir)
+    first = [(name, t.data_ptr()) for name, t in w.state_dict_for_inference()]
+    real, calls = hf.revert_weight_conversion, []
+
+    def counted(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        calls.append(next(iter(state)))
+        return real(model, state)
+
+    monkeypatch.setattr(hf, "revert_weight_conversion", counted)
+    assert [(name, t.data_ptr()) for name, t in w.state_dict_for_inference()] == first
+    assert calls == []
+    assert any(name.startswith("model.layers.") for name, _ in first)  # renamed from language_model
+
+
 def test_logprobs_use_the_images_and_match_a_plain_forward(
     tiny_vlm_dir: Path, seqs: list[TrainSeq], vision: VisionProcessor
 ) -> None:
