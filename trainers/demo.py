@@ -125,6 +125,12 @@ def _split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def _override(key: str, value: Any) -> str:
+    """``key=value`` with the value written as JSON, which is YAML: the dotlist parses it back
+    as it was (a path holding ``": "`` stays a string, not a mapping)."""
+    return f"{key}={json.dumps(value)}"
+
+
 def overlay_overrides(path: str | os.PathLike[str]) -> list[str]:
     """The ``section.key=value`` overrides a YAML overlay file stands for: its top-level keys
     are ``demo``, ``sft`` and ``grpo``, each a (nested) mapping of that config's keys."""
@@ -144,7 +150,7 @@ def overlay_overrides(path: str | os.PathLike[str]) -> list[str]:
     def flat(prefix: str, value: Any) -> list[str]:
         if isinstance(value, dict) and value:
             return [o for k, v in value.items() for o in flat(f"{prefix}.{k}", v)]
-        return [f"{prefix}={json.dumps(value)}"]  # JSON is YAML: the dotlist parses it back
+        return [_override(prefix, value)]
 
     return [o for section, body in data.items() for o in flat(str(section), body or {})]
 
@@ -173,15 +179,15 @@ def load_demo_configs(
     out = Path(demo.out_dir)
     shape = (demo.hidden_size, demo.num_layers)
     path = tiny_model_path(hidden_size=shape[0], num_layers=shape[1])
-    base = [] if shape == TINY_SHAPE else [f"model.path={path}"]
+    base = [] if shape == TINY_SHAPE else [_override("model.path", str(path))]
     sft = load_config(
         SFTConfig,
         root / "sft.yaml",
         [
             *base,
-            f"data.train={out / 'traces.jsonl'}",
-            f"trainer.out_dir={out / 'sft'}",
-            f"trainer.seed={demo.seed}",
+            _override("data.train", str(out / "traces.jsonl")),
+            _override("trainer.out_dir", str(out / "sft")),
+            _override("trainer.seed", demo.seed),
             *parts["sft"],
         ],
     )
@@ -189,9 +195,9 @@ def load_demo_configs(
         TrainConfig,
         root / "grpo.yaml",
         [
-            f"model.path={out / 'sft' / 'model'}",
-            f"trainer.out_dir={out / 'rl'}",
-            f"trainer.seed={demo.seed}",
+            _override("model.path", str(out / "sft" / "model")),
+            _override("trainer.out_dir", str(out / "rl")),
+            _override("trainer.seed", demo.seed),
             *parts["grpo"],
         ],
     )

@@ -24,6 +24,10 @@ def test_every_demo_override_section_is_checked() -> None:
     cfg = load_demo_configs(["demo.out_dir=/tmp/x", "sft.trainer.max_steps=7"])
     assert cfg.sft.data.train == "/tmp/x/traces.jsonl" and cfg.sft.trainer.max_steps == 7
     assert cfg.grpo.model.path == "/tmp/x/sft/model" and cfg.grpo.trainer.out_dir == "/tmp/x/rl"
+    # a folder whose name YAML would read as a mapping reaches every stage as the same string
+    cfg = load_demo_configs(["demo.out_dir='runs/a: b'"])
+    assert cfg.sft.data.train == "runs/a: b/traces.jsonl"
+    assert cfg.grpo.model.path == "runs/a: b/sft/model"
 
 
 def test_a_config_file_layers_over_the_recipe(
