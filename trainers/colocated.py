@@ -152,9 +152,11 @@ class ColocatedWorker:
             self.engine, prompt_ids, sampling, session_id=session_id, images=images
         )
 
-    async def sleep_engine(self) -> None:
+    async def sleep_engine(self, level: int = 1) -> None:
+        """Put the engine to sleep (``level`` 1 keeps its weights in host memory, 2 drops them:
+        for when every weight is synced before it generates again)."""
         if self.engine is not None:
-            await self.engine.sleep()
+            await self.engine.sleep(level)
 
     async def wake_engine(self, tags: list[str] | None = None) -> None:
         """Wake the engine, after the trainer has freed its gradients and allocator cache."""

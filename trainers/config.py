@@ -287,7 +287,8 @@ class TrainerConfig:
     ``val/``, ``checkpoints/`` and the exported ``final/`` model."""
     sleep_engines: bool = True
     """``mode=sync``: free the colocated engines' memory while the trainer computes (vLLM
-    sleep mode) and wake them for the next generation; the async modes never sleep them."""
+    sleep level 2: weights and KV cache dropped, the step's weight sync reloads them) and wake
+    them for the next generation; the async modes never sleep them."""
     mode: str = "sync"
     """``sync``: generate a step's batch, train on it, push the weights; ``one_step``:
     generate step t+1's batch while step t trains; ``async``: a rollout side streams finished

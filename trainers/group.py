@@ -110,9 +110,9 @@ class WorkerGroup:
             return await work
         return await self.pool.serve(work, version)
 
-    async def sleep_engines(self) -> None:
+    async def sleep_engines(self, level: int = 1) -> None:
         if self.pool is None:  # separate rollout workers have nothing to free for the trainer
-            await self._broadcast("sleep_engine")
+            await self._broadcast("sleep_engine", level)
 
     async def wake_engines(self, tags: list[str] | None = None) -> None:
         if self.pool is None:

@@ -84,6 +84,14 @@ async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload
         sums_direct = await engine.weight_sums(names)
         await sync("file")  # the same weights through load_weights
         assert await engine.weight_sums(names) == sums_direct
+        # sleep level 2 drops the weights; the sync after waking them is all they need (the
+        # trainer's sync mode does this every step), and the fast path's views still hold
+        await engine.sleep(2)
+        await engine.wake_up(["weights"])
+        assert (await sync("cuda_ipc")).direct
+        await engine.wake_up(["kv_cache"])
+        assert await engine.weight_sums(names) == sums_direct
+        assert await _gap(engine, worker, prompt) < 0.1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
