@@ -57,9 +57,9 @@ E2E := e2e and not gpu
 test: setup lint typecheck
 	$(PYTEST) -n 2 --dist loadscope --durations=40
 
-# While working: lint, types and the quick tier (a few minutes on 2 cores).
+# While working: lint, types and the quick tier (a few minutes on 2 cores: two xdist workers).
 test-fast: setup lint typecheck
-	$(PYTEST) --durations=15 -m "$(QUICK)"
+	$(PYTEST) -n 2 --durations=15 -m "$(QUICK)"
 
 # Real engines, clusters, the browser and the slow tests, but no whole training runs.
 test-integration: setup

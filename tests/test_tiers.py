@@ -124,6 +124,7 @@ def test_floating_groups_start_no_ray_and_read_no_lanes_session_fixtures(tiers: 
     assert all(tiers_module.scope(m + "::t") in tiers_module.FLOATING for m in modules)
 
 
+@pytest.mark.slow  # a pytest session of its own on two xdist workers (~30 s)
 def test_each_lane_runs_on_one_worker(tmp_path: Path) -> None:
     """Two xdist workers, three modules in two lanes: the lanes are the scopes (not modules), and
     each lane ran on one worker of its own."""

@@ -22,6 +22,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "chromium": ("browser", "integration"),  # headless Chromium through playwright
     "podman": ("slow", "integration"),  # a podman service and its image
     "hybrid_dir": ("slow",),  # dense embeddings of the search corpus (~30 s)
+    "two_ranks": ("slow",),  # two gloo ranks in processes of their own (trainers/, ~25 s)
 }
 
 #: ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``), each a lane that

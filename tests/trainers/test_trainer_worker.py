@@ -352,6 +352,7 @@ def _logprobs_rank(rank: int, world: int, seqs: list[TrainSeq]) -> list[torch.Te
     return PolicyWorker(_config(), _wcfg()).compute_logprobs(seqs if rank == 0 else [])
 
 
+@pytest.mark.slow  # two gloo ranks in processes of their own (~25 s to start)
 def test_a_rank_with_no_sequences_scores_nothing_and_keeps_the_others_in_step() -> None:
     seqs = _seqs()[:1]
     ranks = run_local_ranks(_logprobs_rank, 2, seqs)
