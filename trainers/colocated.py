@@ -172,16 +172,13 @@ class ColocatedWorker:
         policy ``version``; ``interrupt`` aborts running requests and resumes them on the new
         weights (partial rollouts) instead of waiting for them.
 
-        The gather (in the engine's weight dtype: bf16 weights are not gathered from the fp32
-        master weights as fp32) streams into the engine, which loads it chunk by chunk
-        (``engine.weight_chunk_bytes``): the extra memory is a chunk and its packed copy,
-        whatever the model's size."""
+        The weights stream into the engine, which casts each into its own dtype as it packs
+        it and loads them chunk by chunk (``engine.weight_chunk_bytes``): on one rank they are
+        the live parameters, and the extra memory is one packed chunk whatever the model's
+        size (on several, one bucket of gathered tensors more)."""
         if self.engine is None:
             return {}
-        dtype = self.engine.weight_dtype
-        gathered = stream(
-            buckets(self._policy().state_dict_for_inference(dtype=dtype)), self._torch
-        )
+        gathered = stream(buckets(self._policy().state_dict_for_inference()), self._torch)
         try:
             stats = await self.engine.update_weights(gathered, version=version, interrupt=interrupt)
         finally:

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +30,8 @@ from agentloop.types import Completion, FinishReason
 
 if TYPE_CHECKING:
     import torch
+
+    from agentloop.engines.weight_chunks import Packer
 
 __all__ = ["VLLMConfig", "VLLMEngine", "WeightSyncStats", "check_settings"]
 
@@ -113,10 +115,10 @@ class VLLMConfig:
     weight_sync_timeout_s: float = 600.0
     """Seconds a weight reload may take before it fails (> 0)."""
     weight_chunk_bytes: int = 1 << 30
-    """A weight update is loaded in chunks of about this many bytes, cut between transformer
-    blocks (a block larger than this is a chunk alone): the update's extra memory on the
-    sender's device is about twice a chunk (the chunk and its packed copy), whatever the
-    model's size (> 0)."""
+    """A weight update is loaded in chunks of at most this many bytes in the engine's dtype,
+    cut between transformer blocks (a block larger than this is a chunk alone). Each tensor is
+    packed as it arrives: the update's extra memory on the sender's device is one packed chunk,
+    whatever the model's size (> 0)."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``); not the
     ones VLLMEngine sets itself (the model directory among them)."""
@@ -166,24 +168,6 @@ def check_settings(s: Any, section: str) -> None:
             f"{section}.engine_args may not set {sorted(reserved)}: VLLMEngine sets them itself "
             "(the model directory is model.path / vllm.model)"
         )
-
-
-@dataclass
-class _PackedWeights:
-    """One weight update, ready for the workers: the method to call and its argument, plus what
-    must live until the call returns (a CUDA buffer) or be deleted after it (a file)."""
-
-    method: str
-    arg: Any
-    num_tensors: int
-    num_bytes: int
-    keep_alive: Any = None
-    file: Path | None = None
-
-    def release(self) -> None:
-        self.keep_alive = None
-        if self.file is not None:
-            self.file.unlink(missing_ok=True)
 
 
 class VLLMEngine:
@@ -428,9 +412,10 @@ class VLLMEngine:
         ``config.weight_transport`` for this call; ``version`` becomes :attr:`version`.
 
         ``named_tensors`` is ``(name, tensor)`` pairs, or an async iterable of lists of them (a
-        trainer's gather, a push being received), read only once the update has started. The
-        workers load it in chunks of at most ``config.weight_chunk_bytes``: the extra memory
-        of an update is a chunk (and its packed copy), never a copy of the model.
+        trainer's gather, a push being received), read only once the update has started. Each
+        tensor is cast to the engine's dtype into the current chunk as it arrives, and the
+        workers load each chunk (at most ``config.weight_chunk_bytes``) as it fills: the extra
+        memory of an update is one packed chunk, never a copy of the model.
 
         New requests wait until the weights are loaded. Requests running when the update starts
         are waited for (``interrupt=False``), or aborted at a token boundary and resumed under
@@ -446,10 +431,7 @@ class VLLMEngine:
 
         t0 = time.perf_counter()
         async with self._gate.update(abort_running if interrupt else None):
-            loads = [
-                await self._load_chunk(llm, chunk, transport)
-                async for chunk in _chunks(named_tensors, self.config.weight_chunk_bytes)
-            ]
+            loads = await self._load_in_chunks(llm, named_tensors, transport)
             if not loads:
                 raise ConfigError("update_weights got no tensors")
             await llm.reset_prefix_cache(reset_running_requests=True)
@@ -474,64 +456,57 @@ class VLLMEngine:
         )
         return stats
 
-    async def _load_chunk(
-        self, llm: Any, chunk: Sequence[tuple[str, torch.Tensor]], transport: str
-    ) -> WeightSyncStats:
-        """Pack one chunk for ``transport`` (``auto``: by where its tensors are) and have every
-        worker load it; the packed copy is freed before the next chunk is packed."""
-        if transport == "auto":
-            transport = "cuda_ipc" if chunk[0][1].is_cuda else "file"
+    async def _load_in_chunks(
+        self, llm: Any, named: NamedTensors, transport: str
+    ) -> list[WeightSyncStats]:
+        """Pack the tensors as they arrive and have every worker load each chunk as it fills
+        (``weight_chunks.ChunkPlan``): the extra memory is one packed chunk."""
+        from agentloop.engines.weight_chunks import ChunkPlan, make_packer
+
+        plan = ChunkPlan.for_checkpoint(self._ckpt_shapes, self.config.weight_chunk_bytes)
+        packer = None
+        loads: list[WeightSyncStats] = []
+        pack_s = 0.0
+        async for name, tensor in named_pairs(named):
+            t0 = time.perf_counter()
+            if packer is None:
+                packer = make_packer(transport, tensor, plan, self._ckpt_shapes,
+                                     self.weight_dtype, self.config.shm_dir)  # fmt: skip
+            if plan.starts_chunk(name, tensor.numel(), packer.itemsize(tensor)):
+                loads.append(await self._load_chunk(llm, packer, pack_s))
+                t0, pack_s = time.perf_counter(), 0.0
+            packer.add(name, tensor)
+            pack_s += time.perf_counter() - t0
+        if packer is not None and packer.num_tensors:
+            loads.append(await self._load_chunk(llm, packer, pack_s))
+        return loads
+
+    async def _load_chunk(self, llm: Any, packer: Packer, pack_s: float) -> WeightSyncStats:
+        """Have every worker load the packed chunk (``pack_s``: the time its tensors took to
+        pack so far), then empty the packer for the next one."""
         t0 = time.perf_counter()
-        packed = await self._pack(chunk, transport)
-        t1 = time.perf_counter()
         try:
+            packed = await packer.packed()
+            t1 = time.perf_counter()
             results: list[Any] = await llm.collective_rpc(
                 packed.method, timeout=self.config.weight_sync_timeout_s, args=(packed.arg,)
             )
+        except ConfigError:
+            raise
         except Exception as e:
             raise InferenceError(
-                f"weight update of {packed.num_tensors} tensors failed in vLLM: "
+                f"weight update of {packer.num_tensors} tensors failed in vLLM: "
                 f"{type(e).__name__}: {e}"
             ) from e
         finally:
-            packed.release()
+            packer.clear()
         return WeightSyncStats(
             num_tensors=packed.num_tensors,
             num_bytes=packed.num_bytes,
-            serialize_s=t1 - t0,
+            serialize_s=pack_s + t1 - t0,
             load_s=max(r["seconds"] for r in results),
-            total_s=time.perf_counter() - t0,
+            total_s=pack_s + time.perf_counter() - t0,
             direct=all(r.get("direct", 0.0) for r in results),
-        )
-
-    async def _pack(
-        self, stream: Sequence[tuple[str, torch.Tensor]], transport: str
-    ) -> _PackedWeights:
-        """Turn the tensors into the argument of the worker method that ``transport`` names."""
-        from agentloop.engines.vllm_ext import (
-            CudaIpcBuffer,
-            pack_tensors,
-            safetensors_bytes,
-            write_safetensors,
-        )
-
-        if transport == "cuda_ipc":
-            ipc = CudaIpcBuffer(stream, self._ckpt_shapes, self._require_llm().model_config.dtype)
-            return _PackedWeights(
-                "agentloop_reload_from_cuda_ipc",
-                ipc.payload,
-                ipc.num_tensors,
-                ipc.num_bytes,
-                keep_alive=ipc,
-            )
-        tensors = pack_tensors(stream, self._ckpt_shapes)
-        num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        if transport == "bytes":
-            blob = await asyncio.to_thread(safetensors_bytes, tensors)
-            return _PackedWeights("agentloop_reload_from_bytes", blob, len(tensors), num_bytes)
-        path = await asyncio.to_thread(write_safetensors, tensors, self.config.shm_dir)
-        return _PackedWeights(
-            "agentloop_reload_from_file", path, len(tensors), num_bytes, file=Path(path)
         )
 
     async def reset_prefix_cache(self) -> None:
@@ -577,38 +552,6 @@ class VLLMEngine:
 
 
 # ---------------------------------------------------------------------- helpers
-async def _chunks(
-    named: NamedTensors,
-    limit: int,
-) -> AsyncIterator[list[tuple[str, torch.Tensor]]]:
-    """``named`` in consecutive chunks of about ``limit`` bytes, read one tensor (or one group
-    of an async source) ahead. A chunk ends only between blocks (:func:`_block`): vLLM
-    processes a fused layer (``qkv_proj``, ``gate_up_proj``) once per reload, from the parts that
-    reload gave it, so a block split across two reloads would keep garbage in its other parts."""
-    chunk: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    async for name, tensor in named_pairs(named):
-        nbytes = tensor.numel() * tensor.element_size()
-        if chunk and size + nbytes > limit and _block(name) != _block(chunk[-1][0]):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append((name, tensor))
-        size += nbytes
-    if chunk:
-        yield chunk
-
-
-def _block(name: str) -> str:
-    """The block a checkpoint tensor belongs to: its path up to the first index
-    (``model.layers.3.mlp.up_proj.weight`` → ``model.layers.3``), else its module
-    (``model.embed_tokens.weight`` → ``model.embed_tokens``)."""
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return ".".join(parts[:-1])
-
-
 def _vllm_sampling(sampling: SamplingParams) -> Any:
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind

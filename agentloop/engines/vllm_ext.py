@@ -22,7 +22,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -245,50 +245,69 @@ def _check_against_checkpoint(
 
 
 class CudaIpcBuffer:
-    """Checkpoint tensors cast to ``dtype`` into one flat CUDA buffer, plus the pickled IPC
-    handle and layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the
-    engine's process. Keep the object alive until that call has returned.
-
-    Each tensor is checked against the checkpoint's ``shapes`` and copied (and cast) into its
-    aligned slot: the buffer is one copy of ``named_tensors`` in ``dtype`` (one chunk of an
-    update, see ``VLLMEngine.update_weights``), never a second one in the trainer's precision."""
+    """One flat CUDA buffer of ``capacity`` bytes that a chunk of a weight update is packed into,
+    tensor by tensor: :meth:`add` checks each against the checkpoint's ``shapes`` and casts it to
+    ``dtype`` into its aligned slot as it arrives. :meth:`payload` is the pickled IPC handle and
+    layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the engine's
+    process; :meth:`clear` starts the next chunk in the same buffer, once that call has
+    returned. Keep the object alive until then."""
 
     _ALIGN = 256  # bytes; every view starts aligned for any dtype
 
     def __init__(
         self,
-        named_tensors: Sequence[tuple[str, torch.Tensor]],
+        capacity: int,
         shapes: Mapping[str, tuple[int, ...]],
         dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
-        from torch.multiprocessing.reductions import reduce_tensor
-
         if not shapes:
             raise ConfigError("cuda_ipc weight transport needs the checkpoint's tensor shapes")
-        if not named_tensors:
-            raise ConfigError("update_weights got no tensors")
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
-        offset = 0
-        for name, tensor in named_tensors:
-            _check_cuda_tensor(name, tensor, shapes)
-            nbytes = itemsize * tensor.numel()
-            layout.append(
-                (name, str(dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
+        self.shapes, self.dtype = shapes, dtype
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.buffer = torch.empty(capacity, dtype=torch.uint8, device=device)
+        self._uuid = str(torch.cuda.get_device_properties(device).uuid)
+        self.clear()
+
+    def clear(self) -> None:
+        self._layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        self._names: set[str] = set()
+        self._end = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        _check_cuda_tensor(name, tensor, self.shapes)
+        if name in self._names:
+            raise ConfigError(f"update_weights got tensor {name!r} twice")
+        nbytes = self.itemsize * tensor.numel()
+        if self._end + nbytes > self.buffer.numel():
+            raise ConfigError(
+                f"update_weights: {name!r} does not fit in the chunk's {self.buffer.numel()} "
+                "bytes; the tensors of one block (model.layers.N) must arrive one after another"
             )
-            offset += -(-nbytes // self._ALIGN) * self._ALIGN
-        names = [entry[0] for entry in layout]
-        if len(set(names)) < len(names):
-            twice = next(n for n in names if names.count(n) > 1)
-            raise ConfigError(f"update_weights got tensor {twice!r} twice")
-        self.buffer = torch.empty(offset, dtype=torch.uint8, device=named_tensors[0][1].device)
-        slots = [self.buffer[o : o + n].view(dtype).view(shape) for _, _, shape, o, n in layout]
-        torch._foreach_copy_(slots, [tensor for _, tensor in named_tensors])  # one call, cast
+        shape = tuple(tensor.shape)
+        slot = self.buffer[self._end : self._end + nbytes].view(self.dtype).view(shape)
+        slot.copy_(tensor)  # cast on the device, asynchronously
+        dtype = str(self.dtype).removeprefix("torch.")
+        self._layout.append((name, dtype, shape, self._end, nbytes))
+        self._names.add(name)
+        self._end += -(-nbytes // self._ALIGN) * self._ALIGN
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self._layout)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(entry[4] for entry in self._layout)
+
+    def payload(self) -> bytes:
+        """The chunk so far, once every copy into the buffer has finished."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if not self._layout:
+            raise ConfigError("update_weights got no tensors")
         torch.cuda.synchronize(self.buffer.device)
-        self.num_tensors = len(layout)
-        self.num_bytes = sum(entry[4] for entry in layout)
-        uuid = str(torch.cuda.get_device_properties(self.buffer.device).uuid)
-        self.payload = pickle.dumps((reduce_tensor(self.buffer), layout, uuid))
+        return pickle.dumps((reduce_tensor(self.buffer), self._layout, self._uuid))
 
 
 def _check_cuda_tensor(

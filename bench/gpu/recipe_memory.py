@@ -47,6 +47,7 @@ from agentloop.envs.math_tool import MATH_SCHEMA
 from agentloop.envs.task_files import write_tasks
 from agentloop.trainers.config import TrainConfig, load_config
 from agentloop.trainers.metrics import read_metrics
+from agentloop.trainers.weight_push import BUCKET_BYTES
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -147,7 +148,8 @@ def plan(cfg: TrainConfig, params: int, workers: int, total_gib: float) -> dict[
     colocated = cfg.trainer.rollout_workers == 0
     fsdp = params * (4 + 4 + 8) / workers / GIB
     engine = cfg.engine.gpu_memory_utilization * total_gib if colocated else 0.0
-    sync = 2 * cfg.engine.weight_chunk_bytes / GIB  # a gathered chunk and its packed copy
+    # one packed chunk; on several ranks also a bucket of gathered tensors (weight_push.py)
+    sync = (cfg.engine.weight_chunk_bytes + (BUCKET_BYTES if workers > 1 else 0)) / GIB
     return {"workers": workers, "fsdp_state_GiB": fsdp, "engine_budget_GiB": engine,
             "sync_chunks_GiB": sync, "sum_GiB": fsdp + engine + sync,
             "headroom_GiB": total_gib - (fsdp + engine + sync)}  # fmt: skip
@@ -215,7 +217,7 @@ def print_report(result: dict[str, Any]) -> None:
           f"  {'plan W=' + str(run['workers']):>10}  {'measured':>9}")  # fmt: skip
     for label, key in (("FSDP2 state, 16 B/param / W", "fsdp_state_GiB"),
                        (f"engine budget, {util} × total", "engine_budget_GiB"),
-                       ("weight sync, 2 × engine.weight_chunk_bytes", "sync_chunks_GiB"),
+                       ("weight sync: a chunk (+ a gather bucket)", "sync_chunks_GiB"),
                        ("sum", "sum_GiB")):  # fmt: skip
         print(f"{label:<40}  {recipe[key]:10.2f}  {run[key]:10.2f}")
     gpus = result["gpus"]

@@ -125,7 +125,19 @@ def rows(results: dict[str, object]) -> list[dict]:
             ws = r[transport]
             out.append(_row(f"weight sync {r['size']} {transport} ({ws['bytes'] / 1e9:.2f} GB)",
                             ws["GBps"], "GB/s", copy, "device copy"))  # fmt: skip
-        if "peak_extra_bytes" in r["cuda_ipc"]:
+        if "cuda_ipc_cast_in_gather" in r:  # new tensors, as a multi-rank gather makes them
+            cast = r["cuda_ipc_cast_in_gather"]
+            out.append(_row(f"weight sync {r['size']} cuda_ipc, cast in the gather",
+                            cast["GBps"], "GB/s", copy, "device copy"))  # fmt: skip
+            bound = r["chunk_bytes"] + r["in_flight_bytes"]
+            out.append(_row(f"weight sync {r['size']} cuda_ipc, cast in the gather: peak extra",
+                            cast["peak_extra_bytes"] / 1e9, "GB", bound / 1e9,
+                            "chunk + 2 tensors in flight"))  # fmt: skip
+            # the trainer's own sync hands its live parameters: the chunk's buffer is all
+            out.append(_row(f"weight sync {r['size']} cuda_ipc peak extra memory",
+                            r["cuda_ipc"]["peak_extra_bytes"] / 1e9, "GB",
+                            r["chunk_bytes"] / 1e9, "one chunk"))  # fmt: skip
+        elif "peak_extra_bytes" in r["cuda_ipc"]:  # before 2026-11-28's chunk packers
             bound = r["chunk_bytes"] + r["largest_tensor_bytes"]
             out.append(_row(f"weight sync {r['size']} cuda_ipc peak extra memory",
                             r["cuda_ipc"]["peak_extra_bytes"] / 1e9, "GB", bound / 1e9,

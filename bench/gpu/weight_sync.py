@@ -1,11 +1,16 @@
 """Weight sync on one GPU: trainer (FSDP2 PolicyWorker) → colocated vLLM engine, in place.
 
-For each model size: GB/s of ``VLLMEngine.update_weights(worker.state_dict_for_inference())``
-with the ``cuda_ipc`` transport (the weights stay on the GPU) and with the ``file`` transport
-(through /dev/shm) for comparison; the trainer process's peak extra GPU memory during a
+For each model size: GB/s of the colocated trainer's own sync (``ColocatedWorker.sync_weights``),
+``VLLMEngine.update_weights(worker.state_dict_for_inference())``: on one rank the tensors are the
+live fp32 master weights, each cast into the engine's dtype as it is packed. With the
+``cuda_ipc`` transport (the weights stay on the GPU), beside it ``cuda_ipc_cast_in_gather``
+(``state_dict_for_inference(dtype=engine.weight_dtype)``: a new tensor per weight, as a
+multi-rank gather makes and as the trainer did before 2026-11-28), and the ``file`` transport
+(through /dev/shm) for comparison; the trainer process's peak extra GPU memory during each
 ``cuda_ipc`` sync (``torch.cuda.max_memory_allocated`` above what was allocated before it) next
-to its bound, one chunk (``engine.weight_chunk_bytes``) plus the largest tensor; sleep/wake
-costs; and a check that after the sync the engine scores tokens as the trainer's new weights do.
+to its bound: the chunk's buffer (``engine.weight_chunk_bytes``, or the largest block) plus the
+two tensors in flight; sleep/wake costs; and a check that after the sync the engine scores
+tokens as the trainer's new weights do.
 
     python bench/gpu/weight_sync.py --tokenizer DIR --models /root/models --out results/ws.json
 """
@@ -71,19 +76,22 @@ async def bench_size(
         result["gap_before_sync"] = await _score_gap(engine, worker, prompt)
         _perturb(worker)
         result["gap_vs_perturbed_before_sync"] = await _score_gap(engine, worker, prompt)
-        for transport in transports:
+        variants = [(t, t, None) for t in transports]
+        if "cuda_ipc" in transports:
+            variants.append(("cuda_ipc_cast_in_gather", "cuda_ipc", engine.weight_dtype))
+        for key, transport, dtype in variants:
             n = repeats if transport == "cuda_ipc" else max(2, repeats // 2)  # file: seconds
             stats, peaks = [], []
             for _ in range(n + 1):  # the first sync warms up; it is not counted
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
-                weights = worker.state_dict_for_inference()
+                weights = worker.state_dict_for_inference(dtype=dtype)
                 stats.append(await engine.update_weights(weights, transport=transport))
                 peaks.append(torch.cuda.max_memory_allocated() - before)
             stats = stats[1:]
             total = statistics.median(s.total_s for s in stats)
-            result[transport] = {
+            result[key] = {
                 "bytes": stats[0].num_bytes,
                 "tensors": stats[0].num_tensors,
                 "total_s": total,
@@ -94,10 +102,11 @@ async def bench_size(
                 "peak_extra_bytes": max(peaks[1:]),
             }
         result["chunk_bytes"] = engine.config.weight_chunk_bytes
-        result["largest_tensor_bytes"] = max(
-            t.numel() * 2
-            for _, t in worker.state_dict_for_inference()  # bf16 in the engine
-        )
+        sizes = [t.numel() * 2 for _, t in worker.state_dict_for_inference()]  # bf16 in the engine
+        result["largest_tensor_bytes"] = max(sizes)
+        # a new tensor per weight (cast in the gather) holds two at a time: the one being packed
+        # and the next one read
+        result["in_flight_bytes"] = max(a + b for a, b in zip(sizes, [*sizes[1:], 0], strict=True))
         result["gap_after_sync"] = await _score_gap(engine, worker, prompt)
         result["sleep1_s"] = statistics.median(await _timed(lambda: engine.sleep(1), 1))
         result["wake_s"] = statistics.median(await _timed(lambda: engine.wake_up(), 1))

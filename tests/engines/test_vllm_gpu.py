@@ -94,6 +94,45 @@ async def test_cuda_ipc_sync_matches_the_trainer_and_the_fast_path_equals_reload
         assert await _gap(engine, worker, prompt) < 0.1
 
 
+async def test_a_sync_in_chunks_holds_one_packed_chunk_of_extra_memory(
+    tiny_model_dir: Path,
+) -> None:
+    """A sync of a model several times larger than a chunk, each weight a new tensor (cast to
+    the engine's dtype as it is read, as a multi-rank gather makes them): the trainer's peak
+    extra memory is the chunk's buffer and the two tensors in flight (the one being packed and
+    the next one read), not a chunk of tensors next to their packed copy. Handed the live
+    parameters (the trainer's sync on one rank), it is the buffer alone."""
+    from agentloop.engines.vllm import VLLMEngine
+    from agentloop.engines.vllm_ext import checkpoint_shapes
+    from agentloop.engines.weight_chunks import ChunkPlan
+    from agentloop.trainers.worker import PolicyWorker, WorkerConfig
+
+    chunk = 1 << 20
+    worker = PolicyWorker(tiny_model_dir, WorkerConfig(device="cuda", dtype="bfloat16"))
+    prompt = list(range(20, 52))
+    async with VLLMEngine.create(tiny_model_dir, dtype="bfloat16", max_model_len=512,
+                                 gpu_memory_utilization=0.2,
+                                 weight_chunk_bytes=chunk) as engine:  # fmt: skip
+        dtype = engine.weight_dtype
+        sizes = [t.numel() * 2 for _, t in worker.state_dict_for_inference(dtype=dtype)]
+        capacity = ChunkPlan.for_checkpoint(checkpoint_shapes(tiny_model_dir), chunk).capacity(2)
+        assert sum(sizes) > 4 * capacity
+        in_flight = max(a + b for a, b in zip(sizes, [*sizes[1:], 0], strict=True))
+        # the second sync of each takes the direct copies
+        for cast, bound in ((dtype, capacity + in_flight), (dtype, capacity + in_flight),
+                            (None, capacity), (None, capacity)):  # fmt: skip
+            _perturb(worker)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            stats = await engine.update_weights(worker.state_dict_for_inference(dtype=cast))
+            peak = torch.cuda.max_memory_allocated() - before
+            assert stats.chunks > 4 and stats.num_bytes == sum(sizes)
+            assert peak <= bound + 511, (cast, peak, capacity, in_flight)  # 512-byte blocks
+            assert await _gap(engine, worker, prompt) < 0.1
+        assert stats.direct
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.parametrize("chunk_bytes", [1 << 30, 1 << 20], ids=["one-chunk", "1MiB-chunks"])
 async def test_a_tensor_parallel_engine_takes_the_trainers_weights(
