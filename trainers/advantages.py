@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from agentloop.errors import ConfigError
+from agentloop.trainers.choices import ADV_ESTIMATORS, TURN_ESTIMATORS
 from agentloop.trainers.losses import kl_penalty
 from agentloop.trainers.turn_advantages import turn_rloo_advantages
 from agentloop.types import TrajectoryGroup
@@ -22,10 +23,6 @@ __all__ = [
     "outcome_token_rewards",
     "trajectory_advantages",
 ]
-
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "turn_rloo")
-#: Estimators that credit each turn from per-turn rewards (see ``trainers/turn_advantages.py``).
-TURN_ESTIMATORS = ("turn_rloo",)
 
 
 def outcome_token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:

@@ -25,10 +25,9 @@ from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig
 from agentloop.tools.mcp import parse_tool_spec
 from agentloop.tools.recording import ToolTapeConfig
-from agentloop.trainers.advantages import ADV_ESTIMATORS
+from agentloop.trainers.choices import ADV_ESTIMATORS, KL_KINDS
 from agentloop.trainers.config_text import config_to_yaml
-from agentloop.trainers.losses import KL_KINDS
-from agentloop.trainers.worker import WorkerConfig
+from agentloop.trainers.worker_config import WorkerConfig
 
 __all__ = [
     "AlgorithmConfig",

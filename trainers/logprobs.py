@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from agentloop.errors import ConfigError
+from agentloop.trainers.choices import PACKED_ATTN_IMPLEMENTATIONS
 from agentloop.trainers.packing import MicroBatch, PaddedBatch
 
 __all__ = [
@@ -18,19 +19,6 @@ __all__ = [
     "logprobs_from_logits",
     "token_logprobs",
 ]
-
-# Attention implementations that keep packed sequences apart given restarting position_ids and
-# no attention_mask (transformers 5.x): sdpa/eager/flex through masking_utils'
-# find_packed_sequence_indices (a block-diagonal causal mask; sdpa/eager materialise it as
-# [1, 1, T, T]), flash through cu_seqlens (passed explicitly below, varlen kernel, no T² mask).
-PACKED_ATTN_IMPLEMENTATIONS = (
-    "sdpa",
-    "eager",
-    "flex_attention",
-    "flash_attention_2",
-    "flash_attention_3",
-    "varlen",  # agentloop.trainers.varlen: PyTorch's own varlen FlashAttention kernel (CUDA)
-)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from agentloop.errors import ConfigError
+from agentloop.trainers.choices import AGG_MODES, KL_KINDS, POLICY_LOSS_MODES
 
 __all__ = [
     "AGG_MODES",
@@ -22,10 +23,6 @@ __all__ = [
     "policy_loss",
     "segment_ids",
 ]
-
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-POLICY_LOSS_MODES = ("vanilla", "gspo")
 
 
 def _check_choice(what: str, value: str, choices: Sequence[str]) -> None:

@@ -1,0 +1,41 @@
+"""The names a run's config chooses from: loss aggregation modes, policy losses, KL kinds,
+advantage estimators, packed-attention kernels and compute dtypes.
+
+Torch-free, so that loading, checking and printing a config (``agentloop train --print-config``)
+imports no torch; the modules that implement each choice take their names from here.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AGG_MODES",
+    "COMPUTE_DTYPES",
+    "KL_KINDS",
+    "PACKED_ATTN_IMPLEMENTATIONS",
+    "POLICY_LOSS_MODES",
+    "TURN_ESTIMATORS",
+]
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+POLICY_LOSS_MODES = ("vanilla", "gspo")
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "turn_rloo")
+#: Estimators that credit each turn from per-turn rewards (see ``trainers/turn_advantages.py``).
+TURN_ESTIMATORS = ("turn_rloo",)
+#: The trainer's compute dtypes on CUDA (on a CPU everything is fp32).
+COMPUTE_DTYPES = ("bfloat16", "float32")
+
+# Attention implementations that keep packed sequences apart given restarting position_ids and
+# no attention_mask (transformers 5.x): sdpa/eager/flex through masking_utils'
+# find_packed_sequence_indices (a block-diagonal causal mask; sdpa/eager materialise it as
+# [1, 1, T, T]), flash through cu_seqlens (trainers/logprobs.py passes them: a varlen kernel,
+# no T² mask).
+PACKED_ATTN_IMPLEMENTATIONS = (
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "varlen",  # agentloop.trainers.varlen: PyTorch's own varlen FlashAttention kernel (CUDA)
+)
