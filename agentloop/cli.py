@@ -406,9 +406,16 @@ def _add_sft(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
+    from agentloop.trainers.config import config_to_yaml
+    from agentloop.trainers.sft_config import load_sft_config
+
+    cfg = load_sft_config(args.config, args.overrides)
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        return 0
     from agentloop.trainers.sft import sft_main
 
-    return sft_main(args.config, args.overrides, print_config=args.print_config)
+    return sft_main(cfg)
 
 
 def _add_make_calc_traces(parser: argparse.ArgumentParser) -> None:

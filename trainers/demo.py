@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agentloop.errors import ConfigError
 from agentloop.testing.tiny import TINY_SHAPE
 from agentloop.trainers.config import TrainConfig, load_config
+from agentloop.trainers.sft_config import SFTConfig
 
 if TYPE_CHECKING:
     from agentloop.trainers.sft import SFTResult
@@ -89,7 +90,7 @@ class DemoConfigs:
     """The three configs of one demo run, overrides applied and paths wired together."""
 
     demo: DemoConfig
-    sft: Any  # SFTConfig (imported lazily: it pulls in torch)
+    sft: SFTConfig
     grpo: TrainConfig
 
 
@@ -165,7 +166,6 @@ def load_demo_configs(
     at the traces (and the base model of ``demo``'s shape) and GRPO at the SFT model (all under
     ``demo.out_dir``) and check the pieces fit together."""
     from agentloop.testing.tiny import tiny_model_path
-    from agentloop.trainers.sft import SFTConfig
 
     root = Path(recipe_dir) if recipe_dir is not None else RECIPE_DIR
     if not (root / "grpo.yaml").is_file():
