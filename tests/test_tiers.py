@@ -171,6 +171,7 @@ def test_the_makefile_tiers_are_these() -> None:
         assert f'-m "$({name})"' in makefile, name
 
 
+@pytest.mark.slow  # three Python processes that import torch (~12 s); `make test` pins lanes
 def test_each_lane_gets_a_core_of_its_own_and_one_thread() -> None:
     """``pin_lane``: under two xdist workers, worker gwN runs (with all it starts) on the N-th
     core with one thread and binds vLLM's OpenMP threads there; outside xdist it changes nothing."""

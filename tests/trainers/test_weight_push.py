@@ -7,6 +7,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 
 from agentloop.trainers.weight_push import buckets, open_push_group, stream
@@ -67,6 +68,7 @@ def _member(rank: int, port: int, out: Any) -> None:
         out.put((rank, [(n, t.dtype, t.tolist()) for n, t in got]))
 
 
+@pytest.mark.slow  # three gloo ranks in processes of their own (~12 s)
 def test_a_push_reaches_every_receiver_intact() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
