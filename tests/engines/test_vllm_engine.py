@@ -320,3 +320,20 @@ async def test_the_engine_reports_the_dtype_of_its_weights(vllm_engine: Any) -> 
     import torch
 
     assert vllm_engine.weight_dtype == torch.float32
+
+
+async def test_the_model_runs_in_the_engine_core_process_on_the_allowed_cores(
+    vllm_engine: Any,
+) -> None:
+    import os
+
+    import psutil
+
+    (core,) = vllm_engine.pids  # no worker process beside EngineCore (vllm._cpu_defaults)
+    process = psutil.Process(core)
+    assert process.children() == []
+    allowed = os.sched_getaffinity(0)  # a lane's one core under `make test`
+    for thread in process.threads():
+        assert os.sched_getaffinity(thread.id) <= allowed
+    out = await vllm_engine.generate(prompts(1)[0], SamplingParams(max_tokens=8, seed=0))
+    assert len(out.token_ids) == 8
