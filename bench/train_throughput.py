@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -187,14 +188,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt_settings = {"off": [False], "on": [True], "both": [False, True]}[
         args.activation_checkpointing
     ]
-    for ac in ckpt_settings:
+    for attn, ac in itertools.product(args.attn, ckpt_settings):
         wcfg = WorkerConfig(lr=1e-6, device=device.type, dtype=args.dtype, seed=args.seed,
-                            attn_implementation=args.attn, activation_checkpointing=ac,
+                            attn_implementation=attn, activation_checkpointing=ac,
                             max_tokens_per_micro_batch=args.max_tokens_per_micro_batch)  # fmt: skip
         worker = PolicyWorker(config, wcfg)
         for mode in args.modes:
             r = run_mode(worker, seqs, mode, args)
-            r.update(activation_checkpointing=ac, name=f"{size} {mode} ac={'on' if ac else 'off'}",
+            r.update(attn=attn, activation_checkpointing=ac, name=_name(size, mode, attn, ac),
                      mfu=flops / r["step_s"] / (peak * 1e12))  # fmt: skip
             runs.append(r)
             print(_row(r), flush=True)
@@ -211,18 +212,25 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for ac in sorted({r["activation_checkpointing"] for r in runs}):
-        by = {r["mode"]: r for r in runs if r["activation_checkpointing"] == ac}
+    for attn, ac in sorted({(r["attn"], r["activation_checkpointing"]) for r in runs}):
+        by = {
+            r["mode"]: r for r in runs if r["attn"] == attn and r["activation_checkpointing"] == ac
+        }
         for base in ("padded", "padded-sorted"):
             if "packed" in by and base in by:
                 ratio = by["packed"]["tokens_per_s"] / by[base]["tokens_per_s"]
-                out.append({"activation_checkpointing": ac, "packed_over": base, "ratio": ratio})
+                out.append({"attn": attn, "activation_checkpointing": ac, "packed_over": base,
+                            "ratio": ratio})  # fmt: skip
     return out
+
+
+def _name(size: str, mode: str, attn: str, ac: bool) -> str:
+    return f"{size} {mode} {attn} ac={'on' if ac else 'off'}"
 
 
 def _row(r: dict[str, Any]) -> str:
     mem = f"  {r['peak_mem_GiB']:6.1f} GiB" if "peak_mem_GiB" in r else ""
-    return (f"{r['name']:<28} {r['tokens_per_s']:>12,.0f} tok/s  {r['step_s']:8.3f} s/step  "
+    return (f"{r['name']:<36} {r['tokens_per_s']:>12,.0f} tok/s  {r['step_s']:8.3f} s/step  "
             f"pad {r['pad_fraction']:5.1%}  MFU {r['mfu']:6.2%}{mem}")  # fmt: skip
 
 
@@ -251,8 +259,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add(
         "--attn",
-        default="auto",
-        help="attention implementation (auto: varlen FlashAttention on CUDA, sdpa on CPU)",
+        nargs="+",
+        default=["auto"],
+        help="attention implementations, each measured in turn (auto: varlen; on a CPU that is\n"
+        "SDPA per sequence: compare with `--attn sdpa varlen`)",
     )
     add("--num-seqs", type=int, default=None, help="sequences per step (default: 64 GPU, 32 CPU)")
     add(
@@ -292,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = bench(args)
     print(f"peak matmul: {result['peak_tflops']:.2f} TFLOP/s on {result['machine']['device']}")
     for r in result["ratios"]:
-        print(f"packed / {r['packed_over']} (ac={'on' if r['activation_checkpointing'] else 'off'})"
-              f": {r['ratio']:.2f}x tokens/s")  # fmt: skip
+        setting = _name(result["model_size"], "packed", r["attn"], r["activation_checkpointing"])
+        print(f"{setting} / {r['packed_over']}: {r['ratio']:.2f}x tokens/s")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, default=str))

@@ -37,5 +37,5 @@ PACKED_ATTN_IMPLEMENTATIONS = (
     "flex_attention",
     "flash_attention_2",
     "flash_attention_3",
-    "varlen",  # agentloop.trainers.varlen: PyTorch's own varlen FlashAttention kernel (CUDA)
+    "varlen",  # agentloop.trainers.varlen: PyTorch's varlen kernel (CUDA), SDPA per sequence (CPU)
 )

@@ -1,21 +1,29 @@
-"""Packed-sequence attention on CUDA without the flash-attn package: PyTorch's varlen kernel.
+"""Packed-sequence attention without a ``T×T`` mask and without the flash-attn package.
 
-``torch.nn.attention.varlen.varlen_attn`` runs FlashAttention on a packed ``[T, H, D]`` batch with
-``cu_seqlens`` — no ``T×T`` mask, no padding, cost linear in the sum of squared sequence lengths.
+A packed micro-batch ``[1, T]`` holds several sequences, with ``cu_seqlens`` marking where each
+starts. Under plain ``sdpa`` transformers keeps them apart with a block-diagonal ``[T, T]`` mask,
+so attention costs ``T²``; here it costs the sum of the sequences' squared lengths:
+
+- on CUDA in bf16/fp16, ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention on the packed
+  ``[T, H, D]`` batch);
+- elsewhere (a CPU, fp32), causal SDPA over each sequence's own slice, which on a CPU runs
+  SDPA's flash kernel (at ``T`` = 4096 in 4 sequences, one layer's forward and backward: 1.50 s
+  masked, 0.25 s per sequence, on one core of the 2-core dev VM).
+
 :func:`register` makes it a transformers attention implementation named ``"varlen"`` (with
 flash-style mask handling), so ``attn_implementation="varlen"`` works for any model that uses
 transformers' attention interface. ``"auto"`` in :class:`~agentloop.trainers.worker.WorkerConfig`
-picks it on CUDA and ``sdpa`` elsewhere.
+picks it, except on CUDA where the kernel does not run (fp32) or for a vision-language model
+(see :func:`resolve_attn_implementation`): ``sdpa`` there.
 """
 
 from __future__ import annotations
 
 import inspect
+from itertools import pairwise
 from typing import Any
 
 import torch
-
-from agentloop.errors import ConfigError
 
 __all__ = [
     "VARLEN",
@@ -44,22 +52,18 @@ VARLEN_DTYPES = (torch.bfloat16, torch.float16)
 def resolve_attn_implementation(
     name: str, device: torch.device, dtype: torch.dtype, *, vision: bool = False
 ) -> str:
-    """``auto`` → ``varlen`` on CUDA when available and ``dtype`` is one it takes, else
-    ``sdpa``; other names unchanged (``varlen`` is registered with transformers on the way).
+    """``auto`` → ``varlen``, except on CUDA where the kernel does not take ``dtype`` or is
+    missing, and for a vision-language model (``vision``) on CUDA: ``sdpa`` there. Other names
+    unchanged (``varlen`` is registered with transformers on the way).
 
-    A vision-language model (``vision``) gets ``sdpa``: with ``varlen`` a Qwen2.5-VL's trainer
-    logprobs came out NaN in bf16 on an H200 (2026-11-27; sdpa gave the engine's to bf16
-    precision), and the vision tower's windowed attention is the likely cause."""
+    On CUDA a VLM gets ``sdpa``: with the varlen kernel a Qwen2.5-VL's trainer logprobs came out
+    NaN in bf16 on an H200 (2026-11-27; sdpa gave the engine's to bf16 precision), and the
+    vision tower's windowed attention is the likely cause. On a CPU ``varlen`` is per-sequence
+    SDPA in fp32, which matches ``sdpa`` (tests/trainers/test_trainer_logprobs.py)."""
     if name == "auto":
-        fits = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
-        fits = fits and not vision
-        name = VARLEN if fits else "sdpa"
+        kernel = dtype in VARLEN_DTYPES and varlen_available() and not vision
+        name = VARLEN if device.type != "cuda" or kernel else "sdpa"
     if name == VARLEN:
-        if dtype not in VARLEN_DTYPES:
-            raise ConfigError(
-                f"attn_implementation='varlen' runs FlashAttention, which takes bfloat16 or "
-                f"float16, not {dtype}; use dtype=bfloat16 or attn_implementation=sdpa"
-            )
         register()
     return name
 
@@ -105,16 +109,53 @@ def _varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: ``query`` ``[1, Hq, T, D]``, ``key``/``value``
     ``[1, Hkv, T, D]``; returns ``[1, T, Hq, D]``. Without ``cu_seq_lens_q`` (a padded batch,
-    generation) it is plain SDPA, with flash-style 2-D padding mask made a 4-D causal one."""
+    generation, a vision tower's chunks) it is plain SDPA, with a flash-style 2-D padding mask
+    made a 4-D causal one."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     cu_q = kwargs.get("cu_seq_lens_q")
     if cu_q is None or query.shape[0] != 1:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         if attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = _causal_padding_mask(attention_mask, query.shape[2])
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    if query.is_cuda and query.dtype in VARLEN_DTYPES and varlen_available():
+        return _flash_varlen(query, key, value, scaling, **kwargs), None
+    return _per_sequence_sdpa(module, query, key, value, cu_q, dropout, scaling), None
+
+
+def _per_sequence_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal SDPA on each packed sequence's own slice (its keys are its queries): ``[1, T, Hq,
+    D]``, where the kernel does not run (a CPU, fp32)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def one(a: int, b: int) -> torch.Tensor:
+        q, k, v = query[:, :, a:b], key[:, :, a:b], value[:, :, a:b]
+        out, _ = sdpa_attention_forward(
+            module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True
+        )
+        return out
+
+    return torch.cat([one(a, b) for a, b in pairwise(cu_seqlens.tolist())], dim=1)
+
+
+def _flash_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """PyTorch's varlen FlashAttention kernel on the packed batch (CUDA, bf16/fp16)."""
     from torch.nn.attention.varlen import varlen_attn
 
     extra = _kernel_kwargs()
@@ -122,6 +163,7 @@ def _varlen_attention_forward(
     if "enable_gqa" not in extra and k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu_q = kwargs["cu_seq_lens_q"]
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
     out = varlen_attn(
         q,
@@ -135,4 +177,4 @@ def _varlen_attention_forward(
         **extra,
     )
     assert isinstance(out, torch.Tensor)  # no return_aux requested: the output alone
-    return out.unsqueeze(0), None
+    return out.unsqueeze(0)

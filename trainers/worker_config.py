@@ -47,9 +47,10 @@ class WorkerConfig:
     """Compute dtype on CUDA, ``bfloat16`` or ``float32`` (params in forward/backward; master
     weights and gradient reduction stay fp32). On CPU everything is fp32."""
     attn_implementation: str = "auto"
-    """Attention kernel that keeps packed sequences apart: ``auto`` (``varlen`` on CUDA where
-    available, else ``sdpa``), ``sdpa``, ``eager``, ``flex_attention``, ``flash_attention_2``,
-    ``flash_attention_3`` or ``varlen``."""
+    """Attention kernel that keeps packed sequences apart: ``auto`` (``varlen``; on CUDA only
+    where its bf16/fp16 kernel runs and for text models, else ``sdpa``), ``sdpa``, ``eager``,
+    ``flex_attention``, ``flash_attention_2``, ``flash_attention_3`` or ``varlen`` (no ``T×T``
+    mask: FlashAttention's varlen kernel on CUDA, SDPA per sequence on a CPU)."""
     device: str = "auto"
     """``cuda``, ``cpu``, or ``auto``: CUDA when available, else CPU."""
     seed: int = 0

@@ -39,10 +39,15 @@ def _reference(model: torch.nn.Module, ids: torch.Tensor, temperature: float = 1
     return torch.cat([torch.zeros(1), lp])
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "varlen"])
 def test_packed_logprobs_equal_per_sequence(
     tiny_model: Callable[..., Qwen2ForCausalLM], attn: str
 ) -> None:
+    """Every packed implementation keeps the sequences apart (``varlen`` on a CPU: SDPA on each
+    sequence's slice, no ``T×T`` mask)."""
+    from agentloop.trainers.varlen import register
+
+    register()
     model = tiny_model(attn).eval()
     seqs = _seqs()
     mb = pack(seqs)
@@ -221,6 +226,30 @@ def test_varlen_implementation_scores_padded_batches_like_sdpa(
     valid = pb.attention_mask.bool()
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
     assert torch.isfinite(got).all()
+
+
+def test_varlen_on_a_cpu_gives_the_masked_sdpa_gradients(
+    tiny_model: Callable[..., Qwen2ForCausalLM],
+) -> None:
+    """On a CPU ``auto`` is ``varlen`` for text and vision models alike: per-sequence SDPA, whose
+    packed logprobs and gradients are masked SDPA's to fp32 rounding."""
+    from agentloop.trainers.varlen import register, resolve_attn_implementation
+
+    cpu = torch.device("cpu")
+    assert resolve_attn_implementation("auto", cpu, torch.float32) == "varlen"
+    assert resolve_attn_implementation("auto", cpu, torch.float32, vision=True) == "varlen"
+    register()
+    mb = pack(_seqs())
+    grads = []
+    for attn in ("varlen", "sdpa"):
+        model = tiny_model(attn)
+        out = token_logprobs(model, mb, with_entropy=True)
+        assert out.entropy is not None
+        (out.logprobs.sum() + out.entropy.sum()).backward()
+        grads.append(
+            torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        )
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.gpu
