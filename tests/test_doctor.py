@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentloop.doctor import CHECKS
 
 AGENTLOOP = Path(sys.executable).parent / "agentloop"  # the installed console script
@@ -26,6 +28,7 @@ def _lines(stdout: str) -> dict[str, str]:
     return {name: status for status, name, *_ in rows}
 
 
+@pytest.mark.slow  # a fresh process importing vLLM, Ray and torch: ~15 s
 def test_doctor_reports_every_check_and_passes_here() -> None:
     proc = _doctor()
     statuses = _lines(proc.stdout)

@@ -265,6 +265,7 @@ def test_model_generates(hf_tok: Any, hf_model: Any) -> None:
     assert isinstance(hf_tok.decode(out[0, ids.shape[1] :]), str)
 
 
+@pytest.mark.slow  # two fresh `agentloop` processes importing torch and transformers: ~25 s
 def test_same_seed_same_files_and_cli_loads_offline(tiny_dir: Path, cli_dir: Path) -> None:
     for name in ("tokenizer.json", "model.safetensors", "config.json", "chat_template.jinja"):
         assert (tiny_dir / name).read_bytes() == (cli_dir / name).read_bytes(), name
