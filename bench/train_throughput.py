@@ -225,7 +225,10 @@ def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _name(size: str, mode: str, attn: str, ac: bool) -> str:
-    return f"{size} {mode} {attn} ac={'on' if ac else 'off'}"
+    """E.g. ``0.5B packed ac=off``; an attention other than the default ``auto`` is named."""
+    return " ".join(
+        [size, mode, *([attn] if attn != "auto" else []), f"ac={'on' if ac else 'off'}"]
+    )
 
 
 def _row(r: dict[str, Any]) -> str:
