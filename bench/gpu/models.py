@@ -1,7 +1,11 @@
-"""Random-init Qwen2 model dirs of real sizes for the GPU benchmarks (no weights to download)."""
+"""Random-init Qwen2 model dirs of real sizes for the GPU benchmarks (no weights to download).
+
+python bench/gpu/models.py --tokenizer .gpu-stage/tiny-qwen2 --models /root/models
+"""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -53,3 +57,17 @@ def make_model_dir(size: str, dest: Path, tokenizer_dir: Path, max_len: int = 16
             shutil.copy(tokenizer_dir / name, tmp / name)
     tmp.rename(dest)
     return dest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer files")
+    parser.add_argument("--models", type=Path, default=Path("/root/models"))
+    parser.add_argument("--sizes", nargs="+", default=["0.5B", "1.5B", "3B"])
+    args = parser.parse_args()
+    for size in args.sizes:
+        print(make_model_dir(size, args.models / f"qwen2-{size}", args.tokenizer), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,13 +2,17 @@
 
     python bench/gpu/run_all.py --out $OUT                    # every phase
     python bench/gpu/run_all.py --out $OUT --phases ceilings weight_sync
+    python bench/gpu/run_all.py --out $OUT --gpus 4           # every phase, four at a time
     python bench/gpu/run_all.py --report DIR [DIR ...]         # merge phase JSONs, print the table
     python bench/gpu/run_all.py --report DIR --baseline bench/gpu/results/h100-2026-11-23.json
 
 Each phase runs in its own process (a clean GPU, and one failure does not stop the rest) and
-writes ``<phase>.json`` and ``<phase>.log`` under ``--out``. The report reads every
-``<phase>.json`` it finds, prints one table (metric, ours, ceiling, ratio) and writes
-``results.json``. Run it on the GPU machine after ``source bench/gpu/setup.sh``.
+writes ``<phase>.json`` and ``<phase>.log`` under ``--out``. ``--gpus N`` runs N phases side by
+side, each alone on its own GPU of the host (``CUDA_VISIBLE_DEVICES``), in the listed order as
+GPUs free up; the ``models`` phase (the random-init model dirs the others load) runs first,
+alone. The report reads every ``<phase>.json`` it finds, prints one table (metric, ours,
+ceiling, ratio) and writes ``results.json``. Run it on the GPU machine after
+``source bench/gpu/setup.sh``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +36,9 @@ MODELS = Path("/root/models")
 def phase_commands(out: Path) -> dict[str, list[str]]:
     py = sys.executable
     return {
+        # the model dirs weight_sync and the GRPO phases load, made once (reused when present)
+        "models": [py, str(HERE / "models.py"), "--tokenizer", str(TOKENIZER),
+                   "--models", str(MODELS)],
         "ceilings": [py, str(HERE / "ceilings.py"), "--out", str(out / "ceilings.json")],
         "weight_sync": [py, str(HERE / "weight_sync.py"), "--tokenizer", str(TOKENIZER),
                         "--models", str(MODELS),
@@ -83,15 +92,19 @@ def grpo_command(out_dir: Path, *extra: str) -> list[str]:
             f"trainer.out_dir={out_dir}", *extra]  # fmt: skip
 
 
-def run_phase(name: str, cmd: list[str], out: Path, timeout_s: float) -> dict[str, object]:
+def run_phase(
+    name: str, cmd: list[str], out: Path, timeout_s: float, gpu: int | None = None
+) -> dict[str, object]:
+    """Run one phase (on GPU ``gpu`` alone when given), log to ``<phase>.log``."""
+    env = dict(os.environ) if gpu is None else dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
     t0 = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                cwd="/tmp", env=os.environ).returncode  # fmt: skip
+                                cwd="/tmp", env=env).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+    status = {"phase": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "gpu": gpu}
     metrics = out / ("grpo" if name == "grpo_step" else name) / "metrics.jsonl"
     if name.startswith("grpo_") and metrics.is_file():
         # step 2: warm, and in one_step the last step that overlaps generation (the final step
@@ -201,6 +214,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="results dir (e.g. $OUT on the GPU machine)")
     parser.add_argument("--phases", nargs="+", default=None, help="default: all")
     parser.add_argument("--timeout-s", type=float, default=540.0, help="per phase")
+    parser.add_argument("--gpus", type=int, default=1, help="phases side by side, one per GPU")
     parser.add_argument("--report", nargs="+", type=Path, help="merge these result dirs")
     parser.add_argument("--baseline", type=Path, help="an earlier results.json (old column)")
     args = parser.parse_args()
@@ -211,11 +225,39 @@ def main() -> None:
         parser.error("--out is required (or --report DIR ...)")
     args.out.mkdir(parents=True, exist_ok=True)
     commands = phase_commands(args.out)
-    for name in args.phases or list(commands):
+    names = args.phases or list(commands)
+    for name in names:
         if name not in commands:
             parser.error(f"unknown phase {name!r}; phases: {list(commands)}")
-        run_phase(name, commands[name], args.out, args.timeout_s)
+    if args.gpus == 1:
+        for name in names:
+            run_phase(name, commands[name], args.out, args.timeout_s)
+    else:
+        if "models" in names:
+            run_phase("models", commands["models"], args.out, args.timeout_s)
+        rest = [n for n in names if n != "models"]
+        run_side_by_side(rest, commands, args.out, args.timeout_s, args.gpus)
     report([args.out], args.baseline)
+
+
+def run_side_by_side(
+    names: list[str], commands: dict[str, list[str]], out: Path, timeout_s: float, gpus: int
+) -> None:
+    """Each phase alone on one of ``gpus`` GPUs; the next phase in ``names`` takes the first
+    GPU to come free."""
+    free: queue.Queue[int] = queue.Queue()
+    for gpu in range(gpus):
+        free.put(gpu)
+
+    def one(name: str) -> dict[str, object]:
+        gpu = free.get()
+        try:
+            return run_phase(name, commands[name], out, timeout_s, gpu)
+        finally:
+            free.put(gpu)
+
+    with ThreadPoolExecutor(gpus) as pool:
+        list(pool.map(one, names))
 
 
 if __name__ == "__main__":
