@@ -42,18 +42,18 @@ LANE_B = frozenset({
 })  # fmt: skip
 
 #: Whole training runs that start their own engines and no Ray, and read neither lane's session
-#: fixtures: they fill the two lanes' tails. Heaviest first (CI, 2026-11-28, pinned lanes); the
+#: fixtures: they fill the two lanes' tails. Heaviest first (full run of 15be072, pinned lanes); the
 #: modules of a group share a session fixture (``local_run``: one GRPO run both read), so they run
 #: in one lane. Everything not named here or in LANE_B is lane "a", Ray included (one Ray cluster
 #: at a time).
 FLOATING: dict[str, tuple[str, ...]] = {
-    # ~11 min together
+    # ~7.5 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
-    "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
-    "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~4 min
-    "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~3.5 min
-    "thinking": ("tests/trainers/test_train_thinking.py",),  # ~2.5 min
-    "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1.5 min
+    "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~3 min
+    "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~2.7 min
+    "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~2 min
+    "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.5 min
+    "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1 min
 }
 _FLOATING_SCOPE = {module: group for group, modules in FLOATING.items() for module in modules}
 FLOATING_MODULES = frozenset(_FLOATING_SCOPE)
