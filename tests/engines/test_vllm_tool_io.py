@@ -4,8 +4,9 @@ model taught to call Calc's python tool.
 - A recorded eval replayed with the same seeds gives the same trajectories (token ids, masks,
   rewards) while the sandbox is unusable; a changed call follows the miss policy (the shared
   session engine, its weights switched for this module and put back afterwards).
-- The same through the `agentloop eval` command: a record run and a replay run, each its own
-  process starting its own vLLM; an edited recording under ``--replay-miss fail`` exits 2.
+- The same through the `agentloop eval` command: a recording made on the shared engine, replayed
+  by a process of its own that starts its own vLLM, gives the same trajectories; an edited
+  recording under ``--replay-miss fail`` exits 2.
 - A multi-turn Calc rollout whose python tool is an MCP server's (``--tools mcp:…``, stdio, a
   process per episode), recorded by one `agentloop eval` process, then replayed by another with
   the server's command unusable (its tools made from the recorded schemas).
@@ -142,11 +143,14 @@ async def test_replay_gives_the_recorded_trajectories_without_the_sandbox(
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_the_eval_command_replays_a_recording_in_a_fresh_process_without_the_sandbox(
-    calc_caller_dir: Path, tmp_path: Path
+    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
 ) -> None:
+    # recorded here, on the shared engine; the commands below start vLLMs of their own with its
+    # settings (VLLM_ARGS, CLI_ARGS): the trajectories must not depend on the process
     tape = tmp_path / "tape"
-    _ok(await _eval_cli(calc_caller_dir, tmp_path / "a", "--env-arg", "sandbox=fake",
-                        "--record", str(tape)))  # fmt: skip
+    record = _config(caller_engine, calc_caller_dir, tmp_path / "a", env_kwargs={"sandbox": "fake"},
+                     tool_io=ToolTapeConfig(record=tape))  # fmt: skip
+    await eval_async(record, engine=caller_engine, progress=False)
     assert read_tape(tape) and _records(tmp_path / "a")
     # another process, another vLLM; the sandbox is the remote backend with no server: a call
     # that reached it would be an error observation, and a miss fails the run
