@@ -113,7 +113,20 @@ def bwrap_alone(sb: Any) -> RunFn:
         uid = sb._uid()
         return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
-    return lambda: argv_run(argv, env, **as_fresh_uid())
+    async def run() -> None:
+        if "--seccomp" not in argv:  # no seccomp filter on this machine
+            return await argv_run(argv, env, **as_fresh_uid())
+        fd = os.memfd_create("seccomp")  # the backend's filter, on a descriptor of this run's
+        os.write(fd, sb._filter)
+        os.lseek(fd, 0, os.SEEK_SET)
+        at = argv.index("--seccomp") + 1
+        try:
+            mine = [*argv[:at], str(fd), *argv[at + 1 :]]
+            await argv_run(mine, env, pass_fds=(fd,), **as_fresh_uid())
+        finally:
+            os.close(fd)
+
+    return run
 
 
 def checked(run: Callable[[], Awaitable[Any]]) -> RunFn:

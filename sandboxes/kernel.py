@@ -13,9 +13,10 @@ the standard library. Protocol, over the process's own stdin/stdout/stderr:
 
 Two processes, so that the code cannot end its run on its own terms. The *supervisor* holds the
 key and writes every mark; it is not dumpable, so code of the same uid can neither read its
-memory nor open its file descriptors. The *worker* is a fresh interpreter (exec'd: it never saw
-the key) that runs the code and keeps the session's state; it tells the supervisor a run is
-done over a private pipe. The supervisor then stops the worker (SIGSTOP: none of its threads
+memory nor open its file descriptors. The *worker* runs the code and keeps the session's state;
+it never saw the key: the first is forked before the supervisor reads it (one interpreter start
+per kernel, not two), a replacement is exec'd. It tells the supervisor a run is done over a
+private pipe. The supervisor then stops the worker (SIGSTOP: none of its threads
 runs between runs), kills every other process the run left (``MODE=isolated``: everything in
 the sandbox's own pid namespace but its init, the supervisor and the worker; ``MODE=shared``:
 the process group), and only then writes the marks. So code can end its own run early (as it
@@ -39,9 +40,8 @@ import signal
 import struct
 import sys
 import time
-import traceback
 
-__all__ = ["kill_strays", "main", "mark", "supervise", "worker"]
+__all__ = ["kill_strays", "main", "mark", "worker"]
 
 KEY_LEN = 32
 _HEADER = struct.Struct(">Iqd")  # body length, seq, CPU seconds (0: no limit)
@@ -201,6 +201,8 @@ def _execute(req, namespace, streams):
         tb = exc.__traceback__
         while tb is not None and _is_kernel_frame(tb.tb_frame.f_code):
             tb = tb.tb_next
+        import traceback  # here: every kernel start would pay ~4 ms for it
+
         lines = traceback.format_exception(type(exc), exc, tb)
         try:
             sys.stderr.write("".join(lines))
@@ -242,9 +244,10 @@ class _OverCpu(Exception):
 
 
 class _Worker:
-    """A worker process and the supervisor's ends of its pipes."""
+    """A worker process and the supervisor's ends of its pipes: a fresh interpreter, or, with
+    ``forked`` (only before the supervisor has the key), this one forked."""
 
-    def __init__(self, source, mode):
+    def __init__(self, source, mode, forked=False):
         cmd_r, self.cmd_w = os.pipe()
         self.done_r, done_w = os.pipe()
         os.set_inheritable(cmd_r, True)
@@ -253,6 +256,12 @@ class _Worker:
         self.pid = os.fork()
         if self.pid == 0:
             try:
+                if forked:  # it keeps its pipes and stdio, not the host's channel
+                    keep = {0, 1, 2, cmd_r, done_w}
+                    for fd in {int(f) for f in os.listdir("/proc/self/fd")} - keep:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+                    worker(cmd_r, done_w)
                 os.execv(sys.executable, argv)
             finally:
                 os._exit(70)
@@ -299,9 +308,10 @@ class _Worker:
 
 
 class _Supervisor:
-    def __init__(self, cmd_fd, key, mode, source):
+    def __init__(self, cmd_fd, key, mode, source, first):
         self.cmd_fd, self.key, self.mode, self.source = cmd_fd, key, mode, source
         self.sections = 0
+        self.first = first
 
     def end_section(self, worker, info):
         """Stop the worker, kill every other process, then write the marks of ``info``."""
@@ -328,7 +338,7 @@ class _Supervisor:
     def serve(self):
         """Start workers forever; run the host's requests on them; return at the host's EOF."""
         while True:
-            worker = _Worker(self.source, self.mode)
+            worker, self.first = self.first or _Worker(self.source, self.mode), None
             if worker.wait_done() is None:
                 self.died(worker, 0)
                 continue
@@ -380,11 +390,6 @@ def _undumpable():
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
-def supervise(cmd_fd, key, mode, source):
-    """Serve the host's runs until it closes stdin."""
-    _Supervisor(cmd_fd, key, mode, source).serve()
-
-
 def main():
     if sys.argv[1] == "worker":
         worker(int(sys.argv[2]), int(sys.argv[3]))
@@ -393,8 +398,7 @@ def main():
     with open("/proc/self/cmdline", "rb") as f:
         source = f.read().split(b"\0")[3].decode()  # python3 -u -c SOURCE ...
     _apply_limits(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
-    _undumpable()
-    cmd_fd = os.dup(0)  # not inheritable: the worker never sees the host's channel
+    cmd_fd = os.dup(0)  # not inheritable: an exec'd worker never sees the host's channel
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -404,10 +408,11 @@ def main():
         sys.exit(2)
     if mode == "shared" and os.getpid() != os.getpgrp():
         os.setpgid(0, 0)
+    first = _Worker(source, mode, forked=True)  # before the key; dumpable, as an exec'd one
+    _undumpable()
     key = _read_exact(cmd_fd, KEY_LEN)
-    if key is None:
-        return
-    supervise(cmd_fd, key.decode("ascii"), mode, source)
+    if key is not None:  # else the worker, too, ends at its pipe's EOF
+        _Supervisor(cmd_fd, key.decode("ascii"), mode, source, first).serve()
 
 
 if __name__ == "__main__":

@@ -323,6 +323,29 @@ async def test_forged_end_of_run_report_neither_ends_the_run_nor_outlives_it(
         assert (await s.run("print('fresh')")).stdout == "fresh\n"
 
 
+# The first worker is forked from the supervisor before it reads the key, a replacement is
+# exec'd: either holds stdio and its own two pipes, not the supervisor's channel to the host.
+_WORKER_FDS = """
+import os, stat
+held = []
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        held.append((fd, stat.S_ISFIFO(os.fstat(fd).st_mode)))
+    except OSError:
+        pass  # the listing's own descriptor, closed by now
+print(sorted(fd for fd, _ in held)[:3], sum(pipe for fd, pipe in held if fd > 2), len(held))
+"""
+
+
+async def test_a_worker_holds_stdio_and_its_own_pipes_only(sandbox: Any, host: Host) -> None:
+    async with sandbox.session() as s:
+        first = await s.run(_WORKER_FDS)
+        died = await s.run("import os; os._exit(3)")
+        replacement = await s.run(_WORKER_FDS)
+    assert died.exit_code == 3, died
+    assert first.stdout == replacement.stdout == "[0, 1, 2] 2 5\n", (first, replacement)
+
+
 _REPLACE_CLEANUP = """
 import os, sys, time
 kernel = sys.modules["__main__"]
