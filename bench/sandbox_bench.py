@@ -6,7 +6,8 @@
 For each backend and mode: median and p99 latency of ``print(1)`` run sequentially, and runs/s
 with 1, 8 and 32 concurrent callers. Modes: ``cold`` = a fresh sandbox + interpreter per run (no
 pool), ``pooled run`` = ``sandbox.run`` with pre-warmed interpreters (one per run, discarded),
-``session`` = consecutive runs in an open session (one session per concurrent caller).
+``session`` = consecutive runs in an open session (one session per concurrent caller),
+``episode`` = a new session, one run, closed (a Calc episode's sandbox: one kernel start each).
 ``bwrap alone`` starts the local backend's own bubblewrap command line for a cold run directly
 (no launcher, no cgroup; as a fresh uid when root, like the backend): the price of the isolation
 itself, the floor of ``local cold``.
@@ -168,6 +169,16 @@ async def bench_sandbox(name: str, sb: Any, n: int, concs: list[int], scale: flo
     rows.append(await measure(name, mode, one, fresh, n, concs, scale))
     if mode == "cold":
         return rows
+
+    async def episode() -> None:  # an episode's sandbox: a new session, one run, closed
+        async with sb.session() as s:
+            await checked(lambda: s.run(CODE))()
+
+    async def episodes() -> AsyncIterator[RunFn]:
+        yield episode
+
+    await asyncio.sleep(5)  # the pool refills after the last row's burst
+    rows.append(await measure(name, "episode", episode, episodes, n, concs, scale))
 
     async def in_session() -> AsyncIterator[RunFn]:
         async with sb.session() as s:
