@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from agentloop.errors import TemplateError
@@ -87,7 +87,8 @@ class TokenBuilder:
         self.tokenizer = tokenizer
         self.chat_template = template
         self.tools = [dict(t) for t in tools] if tools else None
-        self._kwargs = {**tokenizer.special_tokens_map, **(template_kwargs or {})}
+        self._template_kwargs = dict(template_kwargs or {})
+        self._kwargs = {**tokenizer.special_tokens_map, **self._template_kwargs}
         self.stop_token_ids = _stop_token_ids(tokenizer)
         self._stop_texts = {i: tokenizer.convert_ids_to_tokens(i) for i in self.stop_token_ids}
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -103,6 +104,20 @@ class TokenBuilder:
         self.splits_turns = self.rewrites_history is not None and thinking == "strip"
         if self.rewrites_history is not None:
             require_policy(self.tokenizer, self.chat_template, self.rewrites_history, thinking)
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        """Pickled as its arguments and built again where it lands (a loop worker process):
+        its caches hold functions local to the tokenizer."""
+        rebuild = partial(
+            TokenBuilder,
+            self.tokenizer,
+            tools=self.tools,
+            chat_template=self.chat_template,
+            template_kwargs=self._template_kwargs,
+            vision=self.vision,
+            thinking=self.thinking,
+        )
+        return rebuild, ()
 
     # -- rendering -------------------------------------------------------------------------
 

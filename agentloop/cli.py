@@ -249,6 +249,12 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
+    add(
+        "--loop-workers",
+        type=int,
+        default=1,
+        help="processes the rollout loop runs in, the engine staying in this one (default: 1)",
+    )
     add("--pass-threshold", type=float, default=1.0, help="reward counted as a pass (default: 1)")
     add(
         "--max-failed-share",
@@ -304,6 +310,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         base_url=args.base_url,
         seed=args.seed,
         concurrency=args.concurrency,
+        loop_workers=args.loop_workers,
         resume=args.resume,
         pass_threshold=args.pass_threshold,
         rollout=rollout,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from agentloop.chat import TokenBuilder
@@ -17,11 +17,19 @@ from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig, check_builder, rollout_episode
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
 
-__all__ = ["collect", "make_builder", "stable_seed"]
+__all__ = [
+    "collect",
+    "gather_groups",
+    "make_builder",
+    "play_one",
+    "resolve_env",
+    "rollout_gc",
+    "stable_seed",
+]
 
 EnvFactory = Callable[[], Env]
 _YOUNG_GC_EVERY = 10_000
-_YOUNG_GC_PER_EPISODE = 200  # allocations per running episode between young collections
+YOUNG_GC_PER_EPISODE = 200  # allocations per running episode between young collections
 
 
 def make_builder(
@@ -73,26 +81,48 @@ async def collect(
     that trajectory's stop reason; siblings go on. Groups come back in task order.
     ``on_trajectory`` is called as each episode finishes (progress bars, streaming writers).
     """
+    check_builder(builder, config)
+    factory = resolve_env(env, env_kwargs or {}, builder)
+
+    async def play(task: Task, index: int, seed: int) -> list[Trajectory]:
+        return await play_one(factory, engine, builder, task, config, index, seed)
+
+    return await gather_groups(tasks, play, group_size, concurrency, seed, on_trajectory)
+
+
+async def gather_groups(
+    tasks: Sequence[Task],
+    play: Callable[[Task, int, int], Awaitable[list[Trajectory]]],
+    group_size: int,
+    concurrency: int,
+    seed: int,
+    on_trajectory: Callable[[Trajectory], None] | None,
+) -> list[TrajectoryGroup]:
+    """``play(task, sample index, seed)`` for ``group_size`` samples of every task, at most
+    ``concurrency`` at a time, reassembled into groups in task order (:func:`collect`, and
+    :class:`~agentloop.loop_workers.LoopWorkers`, whose ``play`` runs in a worker process)."""
     if group_size < 1 or concurrency < 1:
         raise ConfigError(
             f"collect needs group_size >= 1 and concurrency >= 1, got {group_size}, {concurrency}"
         )
-    check_builder(builder, config)
-    factory = _env_factory(env, env_kwargs or {}, builder)
     slots = asyncio.Semaphore(concurrency)
 
     async def one(task: Task, index: int) -> list[Trajectory]:
         async with slots:
-            trajectories = await _safe_rollout(factory, engine, builder, task, config, index, seed)
+            trajectories = await play(task, index, seed)
         if on_trajectory is not None:
             for trajectory in trajectories:
                 on_trajectory(trajectory)
         return trajectories
 
-    jobs = [one(task, i) for task in tasks for i in range(group_size)]
-    running = min(concurrency, len(jobs))
-    with _old_heap_frozen(), _young_collections_spaced(_YOUNG_GC_PER_EPISODE * running):
-        results = await asyncio.gather(*jobs)
+    jobs = [asyncio.ensure_future(one(task, i)) for task in tasks for i in range(group_size)]
+    with rollout_gc(episodes=min(concurrency, len(jobs))):
+        try:
+            results = await asyncio.gather(*jobs)
+        except BaseException:  # a failed play (a dead loop worker) stops its siblings too
+            for job in jobs:
+                job.cancel()
+            raise
     return [
         TrajectoryGroup(
             task, tuple(t for r in results[k * group_size : (k + 1) * group_size] for t in r)
@@ -101,7 +131,7 @@ async def collect(
     ]
 
 
-async def _safe_rollout(
+async def play_one(
     factory: EnvFactory,
     engine: Engine,
     builder: TokenBuilder,
@@ -110,10 +140,11 @@ async def _safe_rollout(
     index: int,
     seed: int,
 ) -> list[Trajectory]:
-    """:func:`rollout`, with anything that escapes it (env construction, template errors)
-    recorded as an ``env_error`` trajectory instead of failing the whole batch. An
-    :class:`AgentEnv` is played by its agent through the proxy: one trajectory per segment;
-    under ``thinking=strip`` an episode is one trajectory per turn."""
+    """One episode of ``task``, sample ``index`` of a batch seeded ``seed`` (:func:`rollout`),
+    with anything that escapes it (env construction, template errors) recorded as an
+    ``env_error`` trajectory instead of failing the whole batch. An :class:`AgentEnv` is played
+    by its agent through the proxy: one trajectory per segment; under ``thinking=strip`` an
+    episode is one trajectory per turn."""
     try:
         env, episode_seed = factory(), stable_seed(seed, task.id, index)
         if isinstance(env, AgentEnv):
@@ -139,6 +170,14 @@ async def _safe_rollout(
                 sample_index=index,
             )
         ]
+
+
+@contextlib.contextmanager
+def rollout_gc(episodes: int) -> Iterator[None]:
+    """The cyclic GC tuned for a rollout batch of ``episodes`` running at once: the old heap
+    frozen, young collections spaced (the two below)."""
+    with _old_heap_frozen(), _young_collections_spaced(YOUNG_GC_PER_EPISODE * episodes):
+        yield
 
 
 @contextlib.contextmanager
@@ -172,7 +211,7 @@ def _young_collections_spaced(per_batch: int = 0) -> Iterator[None]:
     collector re-walked the same episode state about once per turn, a quarter of the loop's CPU
     with 1,000 concurrent episodes (bench/collect_bench.py), and a third of what was left after
     the freeze. The walk grows with the number of running episodes, so the spacing does too
-    (``per_batch``: ``_YOUNG_GC_PER_EPISODE`` per running episode); at a fixed 10,000 young
+    (``per_batch``: ``YOUNG_GC_PER_EPISODE`` per running episode); at a fixed 10,000 young
     passes still took about a fifth of the loop's CPU with 1,000 episodes. Cyclic garbage is
     still found, in bigger, rarer passes (at most that many objects of it wait for one). A
     threshold someone set higher is kept; ours is handed back when the batch ends.
@@ -190,9 +229,11 @@ def _young_collections_spaced(per_batch: int = 0) -> Iterator[None]:
             gc.set_threshold(young, *older)
 
 
-def _env_factory(
+def resolve_env(
     env: str | EnvFactory, env_kwargs: Mapping[str, Any], builder: TokenBuilder
 ) -> EnvFactory:
+    """``env`` as a factory: a registered id is checked now (unknown id, bad kwargs, a builder
+    showing other tools) and made with ``env_kwargs`` per episode; a factory is kept as it is."""
     if isinstance(env, str):
         env_id = env
         # fail fast on an unknown id, bad kwargs or a builder made for another env

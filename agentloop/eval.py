@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,7 +21,6 @@ from typing import Any
 
 from agentloop.chat import TokenBuilder
 from agentloop.checksums import model_fingerprint
-from agentloop.collect import collect
 from agentloop.engines.base import Engine
 from agentloop.envs import Env, ToolEnv, make
 from agentloop.envs.base import AnswerHook
@@ -36,6 +36,7 @@ from agentloop.eval_report import (
     summarize,
 )
 from agentloop.io import JsonlWriter, read_json_object, trajectory_to_dict
+from agentloop.loop_workers import batch_collector
 from agentloop.rollout import RolloutConfig
 from agentloop.tools import Tool, get_parser
 from agentloop.tools.recording import ToolTapeConfig, tool_tape
@@ -45,6 +46,7 @@ from agentloop.vision import vision_of
 __all__ = [
     "ENGINES",
     "AnswerHook",
+    "EnvMaker",
     "EvalConfig",
     "config_fingerprint",
     "config_hash",
@@ -85,6 +87,10 @@ class EvalConfig:
     """Seeds the episodes' sampling (and the vLLM engine)."""
     concurrency: int = 64
     """Episodes in flight at once (>= 1)."""
+    loop_workers: int = 1
+    """Processes the rollout loop runs in (>= 1): above 1, the episodes are spread over that
+    many worker processes, the engine staying in this one (:mod:`agentloop.loop_workers`).
+    Without tool recording or replay."""
     resume: bool = False
     """Continue the run in ``out``: it needs the same config hash, model, split and seed, and
     may raise ``n`` or ``num_tasks`` to extend it."""
@@ -118,6 +124,7 @@ class EvalConfig:
             )
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r} is not one of {ENGINES}")
+        self.tool_io.check_loop_workers(self.loop_workers, "--loop-workers")
         if self.engine == "openai" and not self.base_url:
             raise ConfigError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if not Path(self.model).is_dir():
@@ -235,32 +242,52 @@ def _run_lock(out: Path) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class EnvMaker:
+    """Makes ``make(env, **env_kwargs)`` with the extra ``tools`` specs' tools added (``eval
+    --tools``, training's ``data.tools``): listed at the first env made and shared by every env
+    made after it, or rebuilt from ``tool_io``'s recording when it replays without live tools
+    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it.
+    Picklable: a loop worker process (:mod:`agentloop.loop_workers`) lists the tools again."""
+
+    env: str
+    env_kwargs: Mapping[str, Any]
+    tools: tuple[str, ...] = ()
+    tool_io: ToolTapeConfig | None = None
+
+    @functools.cached_property
+    def _extra(self) -> list[Tool]:
+        from agentloop.tools.tool_specs import spec_tools
+
+        return spec_tools(self.tools, self.tool_io)
+
+    def __call__(self) -> Env:
+        made = make(self.env, **self.env_kwargs)
+        if self._extra:
+            if not isinstance(made, ToolEnv):
+                raise ConfigError(
+                    f"extra tools ({', '.join(self.tools)}) are added to a ToolEnv's tools, but "
+                    f"{self.env} is a {type(made).__name__}; drop --tools/data.tools or play a "
+                    "ToolEnv"
+                )
+            made.add_tools(self._extra)
+        return made
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_extra"}  # tools stay here
+
+
 def env_factory(
     env: str,
     env_kwargs: Mapping[str, Any],
     tools: Sequence[str] = (),
     tool_io: ToolTapeConfig | None = None,
-) -> Callable[[], Env]:
-    """Makes ``make(env, **env_kwargs)`` with the extra ``tools`` specs' tools added (``eval
-    --tools``, training's ``data.tools``): listed once here and shared by every env made, or
-    rebuilt from ``tool_io``'s recording when it replays without live tools
-    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it."""
-    from agentloop.tools.tool_specs import spec_tools
-
-    extra: list[Tool] = spec_tools(tools, tool_io)
-
-    def factory() -> Env:
-        made = make(env, **env_kwargs)
-        if extra:
-            if not isinstance(made, ToolEnv):
-                raise ConfigError(
-                    f"extra tools ({', '.join(tools)}) are added to a ToolEnv's tools, but {env} "
-                    f"is a {type(made).__name__}; drop --tools/data.tools or play a ToolEnv"
-                )
-            made.add_tools(extra)
-        return made
-
-    return factory
+) -> EnvMaker:
+    """The :class:`EnvMaker` of ``env`` with ``tools``; the tools are listed now (a server
+    that is not up fails here, named)."""
+    maker = EnvMaker(env, dict(env_kwargs), tuple(tools), tool_io)
+    maker._extra  # noqa: B018  # listed now
+    return maker
 
 
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
@@ -355,15 +382,16 @@ async def _collect_missing(
     if not by_size:
         return 0.0
     opened = open_engine(config) if engine is None else contextlib.nullcontext(engine)
-    async with opened as live:
+    async with (
+        opened as live,
+        batch_collector(
+            live, factory, builder, config.rollout, workers=config.loop_workers
+        ) as play,
+    ):
         started = time.perf_counter()
         for size, group in sorted(by_size.items()):
-            await collect(
+            await play(
                 group,
-                factory,
-                live,
-                builder,
-                config=config.rollout,
                 group_size=size,
                 concurrency=config.concurrency,
                 seed=config.seed,

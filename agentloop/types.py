@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from agentloop.errors import TrajectoryError
 
@@ -28,12 +30,36 @@ FinishReason = Literal["stop", "length", "abort"]
 _ROLES = ("system", "user", "assistant", "tool")
 
 
+R = TypeVar("R")
+
+
+def pickled_as_tuple(cls: type[R]) -> type[R]:
+    """Pickle a slots dataclass as the tuple of its field values. Python's own state functions
+    for slots dataclasses call ``dataclasses.fields`` for every object (~5 µs each), and a
+    trajectory that a loop worker hands back holds dozens of these records."""
+    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    assert len(names) >= 2, "attrgetter of one name returns the value, not a tuple"
+    values = operator.attrgetter(*names)
+
+    def __getstate__(self: R) -> tuple[Any, ...]:
+        return values(self)
+
+    def __setstate__(self: R, state: tuple[Any, ...]) -> None:
+        for name, value in zip(names, state, strict=True):
+            object.__setattr__(self, name, value)
+
+    setattr(cls, "__getstate__", __getstate__)  # noqa: B010  # mypy: no method assignment
+    setattr(cls, "__setstate__", __setstate__)  # noqa: B010
+    return cls
+
+
 def _freeze(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """A private copy, so the caller's dict can change without changing the record.
     (A plain dict, not a mappingproxy: records must pickle to cross Ray and processes.)"""
     return dict(mapping) if mapping else {}
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call parsed from assistant text.
@@ -60,6 +86,7 @@ class ToolCall:
         }
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Message:
     """One chat message. Assistant messages keep the model's raw text in ``content`` (tool-call
@@ -141,6 +168,7 @@ class Message:
         )
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Task:
     """One dataset row: a stable id plus the env-specific fields (question, answer, …)."""
@@ -154,6 +182,7 @@ class Task:
         object.__setattr__(self, "data", _freeze(self.data))
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Completion:
     """What an engine returns for one request: sampled ids, their logprobs, why it stopped.
@@ -211,6 +240,7 @@ _ERROR_STOPS = frozenset(
 )
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Turn:
     """Per-turn record: where the turn's tokens sit in the trajectory and what it cost."""

@@ -14,7 +14,8 @@ prefills no observation; the fair ceiling (``replay``) sends the loop's own mult
 again, turn by turn, through vLLM alone: same contexts (observation tokens included), same
 sampled lengths, no tools and no agentloop code. ``ratio_fair`` is the loop against it. The JSON
 line adds where the time goes: requests in flight at vLLM, engine idle time, prompt tokens vLLM
-computed (observations and turn boundaries), the driver's CPU time.
+computed (observations and turn boundaries), the driver's CPU time. ``--loop-workers N`` plays
+the loop's episodes in N worker processes (``agentloop.loop_workers``), the engine staying here.
 
     .venv/bin/python bench/rollout_throughput.py [--tasks 32] [--n 4] [--repeat 8] [--sandbox fake]
 """
@@ -35,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.chat import TokenBuilder
-from agentloop.collect import collect
 from agentloop.envs import make
+from agentloop.loop_workers import Collector, batch_collector
 from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
 
@@ -96,21 +97,23 @@ class Meter:
         return Run(tokens, wall, cpu, self.idle, self.area / wall, self.prefilled)
 
 
-async def agent_loop(
-    engine: Any, meter: Meter, builder: TokenBuilder, args: Any, seed: int
-) -> tuple[Run, Any]:
-    config = RolloutConfig(
+def rollout_config(args: Any) -> RolloutConfig:
+    return RolloutConfig(
         max_turns=4,
         max_prompt_len=args.max_model_len - args.response_len,
         max_response_len=args.response_len,
         temperature=args.temperature,
     )
+
+
+async def agent_loop(
+    engine: Any, meter: Meter, play: Collector, args: Any, seed: int
+) -> tuple[Run, Any]:
+    """``play``: ``collect`` in this process, or over ``--loop-workers`` processes."""
     tasks = make(CALC).tasks("test", args.tasks)
     await engine.reset_prefix_cache()
     meter.start()
-    groups = await collect(tasks, CALC, engine, builder, config=config, group_size=args.n,
-                           concurrency=args.tasks * args.n, seed=seed,
-                           env_kwargs={"sandbox": args.sandbox})  # fmt: skip
+    groups = await play(tasks, group_size=args.n, concurrency=args.tasks * args.n, seed=seed)
     trajs = [t for g in groups for t in g.trajectories]
     run = meter.stop(sum(sum(t.loss_mask) for t in trajs))
     failed = [t for t in trajs if t.failed]
@@ -221,13 +224,18 @@ async def bench(args: Any, model: Path) -> dict[str, Any]:
     if args.block_size:
         settings["engine_args"] = {"block_size": args.block_size}
     loops, ceils, replays = [], [], []
-    async with VLLMEngine.create(model, **settings) as engine:
+    env_kwargs = {"sandbox": args.sandbox}
+    async with (
+        VLLMEngine.create(model, **settings) as engine,
+        batch_collector(engine, CALC, builder, rollout_config(args), workers=args.loop_workers,
+                        env_kwargs=env_kwargs) as play,
+    ):  # fmt: skip
         meter = Meter(engine.llm)
-        _, warm = await agent_loop(engine, meter, builder, args, seed=10_000)  # warm-up
+        _, warm = await agent_loop(engine, meter, play, args, seed=10_000)  # warm-up
         await ceiling(engine, meter, warm, args, seed=10_000)
         await replay(engine, meter, warm, args, seed=10_000)
         for rep in range(args.repeat):
-            loop_run, trajs = await agent_loop(engine, meter, builder, args, seed=rep)
+            loop_run, trajs = await agent_loop(engine, meter, play, args, seed=rep)
             loops.append(loop_run)
             ceils.append(await ceiling(engine, meter, trajs, args, seed=rep))
             replays.append(await replay(engine, meter, trajs, args, seed=rep))
@@ -276,6 +284,7 @@ async def bench(args: Any, model: Path) -> dict[str, Any]:
         "compiled": args.compile,
         "sandbox": args.sandbox,
         "block_size": args.block_size or "default",
+        "loop_workers": args.loop_workers,
     }
 
 
@@ -299,6 +308,9 @@ def main() -> None:
         "--compile", action="store_true", help="let vLLM torch.compile (slow start)"
     )
     parser.add_argument("--dtype", default="float32", help="engine dtype (bfloat16 on a GPU)")
+    parser.add_argument(
+        "--loop-workers", type=int, default=1, help="processes the loop runs in (LoopWorkers)"
+    )
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

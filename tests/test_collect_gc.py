@@ -96,7 +96,7 @@ def test_a_higher_threshold_set_by_the_user_is_kept(tokenizer: object) -> None:
 
 def test_spacing_grows_with_the_number_of_running_episodes(tokenizer: object) -> None:
     from agentloop.chat import TokenBuilder
-    from agentloop.collect import _YOUNG_GC_PER_EPISODE
+    from agentloop.collect import YOUNG_GC_PER_EPISODE
 
     young_thresholds.clear()
     before = gc.get_threshold()
@@ -113,6 +113,6 @@ def test_spacing_grows_with_the_number_of_running_episodes(tokenizer: object) ->
     )  # fmt: skip
     assert all(t.stop_reason == StopReason.DONE for g in groups for t in g.trajectories)
     # 60 episodes run at once (not 80: the slots bound them), above the fixed 10,000 floor
-    assert 60 * _YOUNG_GC_PER_EPISODE > 10_000
-    assert set(young_thresholds) == {60 * _YOUNG_GC_PER_EPISODE}
+    assert 60 * YOUNG_GC_PER_EPISODE > 10_000
+    assert set(young_thresholds) == {60 * YOUNG_GC_PER_EPISODE}
     assert gc.get_threshold() == before

@@ -118,6 +118,17 @@ class ToolTapeConfig:
             _enum(ReplayLatency, latency, "replay latency"),
         )
 
+    def check_loop_workers(self, workers: int, key: str) -> None:
+        """A ConfigError naming ``key`` unless ``workers`` >= 1, and 1 when calls are recorded
+        or replayed: the tape is this process's (:mod:`agentloop.loop_workers`)."""
+        if workers < 1:
+            raise ConfigError(f"{key} must be >= 1, got {workers}")
+        if workers > 1 and self.active:
+            raise ConfigError(
+                f"{key}={workers} with tool calls recorded or replayed: the tape is this "
+                f"process's, and the loop workers would run their tools without it; set {key}=1"
+            )
+
     @property
     def active(self) -> bool:
         return self.record is not None or self.replay is not None

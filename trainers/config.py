@@ -135,6 +135,11 @@ class TrainRolloutConfig(RolloutConfig):
     ``algorithm.dynamic_sampling`` needs >= 2)."""
     concurrency: int = 64
     """Episodes in flight at once while collecting a batch (>= 1); validation uses it too."""
+    loop_workers: int = 1
+    """Processes the rollout loop runs in (>= 1): above 1, a batch's episodes are spread over
+    that many worker processes (started once per run), the engine staying in the driver
+    (:mod:`agentloop.loop_workers`); for when the loop's own Python, not the engine, bounds
+    generation. Validation plays in the driver. Without ``tools_record``/``tools_replay``."""
     save_trajectories: bool = True
     """Write each step's batch to ``trainer.out_dir``/``trajectories/step_NNNNNN.jsonl``
     (eval-format JSONL, one line per trajectory), which ``replay`` can train from."""
@@ -156,7 +161,7 @@ class TrainRolloutConfig(RolloutConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.tool_io()  # bad paths or policies fail here, naming the value
+        self.tool_io().check_loop_workers(self.loop_workers, "rollout.loop_workers")
         _check(
             "rollout",
             self,

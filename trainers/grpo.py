@@ -16,6 +16,7 @@ records its version (off-policy tokens are corrected with the decoupled-PPO weig
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -27,9 +28,11 @@ from pathlib import Path
 import torch
 
 from agentloop.chat import TokenBuilder
+from agentloop.collect import EnvFactory
 from agentloop.engines.base import Engine
 from agentloop.errors import AgentLoopError, ConfigError
 from agentloop.eval import env_factory
+from agentloop.loop_workers import Collector, batch_collector
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.tools.recording import tool_tape
 from agentloop.tools.runtime import runtime_stats
@@ -153,24 +156,34 @@ async def train_async(
         tool_tape(cfg.rollout.tool_io()),  # tool calls recorded / replayed, if asked
     ):
         meter = BusyMeter(group.engine) if group.engine is not None else None
-        run = _Run(cfg, out, model_dir, builder, sampler, group, meter, notices=notices)
-        state = await _restore(run)
-        start, source = (state.step, state.source) if state else (0, None)
-        run.source = make_source(
-            GenContext(cfg, meter, builder, sampler, env_of), start=start, state=source
-        )
-        logger = MetricsLogger(
-            cfg.logging,
-            out,
-            total_steps=cfg.trainer.total_steps,
-            start_step=start,
-            run_config=dataclasses.asdict(cfg),
-        )
-        try:
-            return await _loop(run, logger, start, on_step)
-        finally:
-            logger.close()
-            await run.batches().aclose()
+        async with _collector(cfg, meter, env_of, builder) as play:
+            run = _Run(cfg, out, model_dir, builder, sampler, group, meter, notices=notices)
+            state = await _restore(run)
+            start, source = (state.step, state.source) if state else (0, None)
+            run.source = make_source(GenContext(cfg, play, sampler), start=start, state=source)
+            logger = MetricsLogger(
+                cfg.logging,
+                out,
+                total_steps=cfg.trainer.total_steps,
+                start_step=start,
+                run_config=dataclasses.asdict(cfg),
+            )
+            try:
+                return await _loop(run, logger, start, on_step)
+            finally:
+                logger.close()
+                await run.batches().aclose()
+
+
+def _collector(
+    cfg: TrainConfig, engine: Engine | None, env_of: EnvFactory, builder: TokenBuilder
+) -> contextlib.AbstractAsyncContextManager[Collector | None]:
+    """The run's ``collect`` over ``rollout.loop_workers`` processes; None when the run
+    generates nothing (a replayed run starts no engine)."""
+    if engine is None:
+        return contextlib.nullcontext(None)
+    rollout = cfg.rollout
+    return batch_collector(engine, env_of, builder, rollout.base(), workers=rollout.loop_workers)
 
 
 async def _loop(

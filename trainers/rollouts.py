@@ -1,6 +1,7 @@
 """Where each step's batch comes from, by ``trainer.mode``: sync, one step ahead, or streamed.
 
-All three play episodes with :func:`agentloop.collect.collect` (the one rollout loop) and hand
+All three play episodes with :func:`agentloop.collect.collect` (the one rollout loop; over
+``rollout.loop_workers`` processes with :mod:`agentloop.loop_workers`) and hand
 the recipe a list of groups per step; the recipe trains on it the same way whatever the mode.
 
 - ``sync``: the step's batch is generated, then trained on (DAPO: generation rounds until
@@ -25,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentloop.chat import TokenBuilder
-from agentloop.collect import EnvFactory, collect, stable_seed
+from agentloop.collect import stable_seed
 from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import AgentLoopError
+from agentloop.loop_workers import Collector
 from agentloop.trainers.config import TrainConfig
 from agentloop.trainers.dapo import accumulate_groups, apply_overlong_penalty
 from agentloop.trainers.data import PromptSampler, read_step_groups
@@ -53,11 +54,10 @@ class GenContext:
     """What generation needs from a run."""
 
     cfg: TrainConfig
-    engine: Engine | None
-    builder: TokenBuilder
+    collect: Collector | None
+    """``collect`` bound to the run's engine, env (``data.env`` with ``data.tools``) and
+    builder, over ``rollout.loop_workers`` processes; None when the run generates nothing."""
     sampler: PromptSampler
-    env: EnvFactory
-    """Makes each episode's env (``data.env`` with ``data.tools``, see ``eval.env_factory``)."""
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,9 @@ class BatchSource(Protocol):
 
 async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[TrajectoryGroup]:
     cfg, alg = ctx.cfg, ctx.cfg.algorithm
-    assert ctx.engine is not None
-    groups = await collect(
+    assert ctx.collect is not None
+    groups = await ctx.collect(
         tasks,
-        ctx.env,
-        ctx.engine,
-        ctx.builder,
-        config=cfg.rollout.base(),
         group_size=cfg.rollout.n,
         concurrency=cfg.rollout.concurrency,
         seed=seed,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from agentloop.errors import ConfigError, InferenceError
-from agentloop.types import Completion
+from agentloop.types import Completion, pickled_as_tuple
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling settings for one request. ``max_tokens`` is set per turn by the rollout loop from

@@ -59,6 +59,16 @@ def phase_commands(out: Path) -> dict[str, list[str]]:
                             str(n // 4), "--n", "4", "--repeat", "3", "--sandbox", "fake",
                             "--compile", "--dtype", "bfloat16",
                             "--out", str(out / f"rollout_{n}.json")] for n in (256, 1024)},
+        # The same with the loop's episodes in 8 worker processes (agentloop.loop_workers)
+        **{f"rollout_{n}_workers": [py, str(ROOT / "bench" / "rollout_throughput.py"), "--tasks",
+                                    str(n // 4), "--n", "4", "--repeat", "3", "--sandbox", "fake",
+                                    "--compile", "--dtype", "bfloat16", "--loop-workers", "8",
+                                    "--out", str(out / f"rollout_{n}_workers.json")]
+           for n in (256, 1024)},
+        # The loop's turns/s in one process, over N loop workers, and N independent processes
+        "loop_workers": [py, str(ROOT / "bench" / "loop_workers_bench.py"), "--episodes", "8000",
+                         "--workers", "1", "2", "4", "8", "15", "--repeat", "3",
+                         "--out", str(out / "loop_workers.json")],
         # One GRPO step (+1 to warm up) of the real trainer, colocated on the one GPU: a random-init
         # 0.5B model (weight_sync made it), Calc-v0, 64 prompts × 8 samples, up to 1k tokens each.
         "grpo_step": grpo_command(out / "grpo", "trainer.total_steps=2"),
@@ -163,15 +173,25 @@ def rows(results: dict[str, object]) -> list[dict]:
         grpo = results.get(phase) or {}
         for key in sorted(k for k in grpo if k.startswith(("timing_s/", "perf/"))):
             out.append(_row(f"GRPO step (0.5B, 512 seqs{label}) {key}", grpo[key], "", None, ""))
-    for n in (256, 1024):
-        r = results.get(f"rollout_{n}") or {}
+    for n, workers in ((256, ""), (1024, ""), (256, "_workers"), (1024, "_workers")):
+        r = results.get(f"rollout_{n}{workers}") or {}
+        name = f"rollout {n} Calc episodes, agent loop" + (
+            f" over {r.get('loop_workers')} loop workers" if workers else ""
+        )
         if r:
-            out.append(_row(f"rollout {n} Calc episodes, agent loop", r["agent_loop_tokens_per_s"],
+            out.append(_row(name, r["agent_loop_tokens_per_s"],
                             "tok/s", r["ceiling_tokens_per_s"], "plain generate"))  # fmt: skip
             if "replay_tokens_per_s" in r:
-                out.append(_row(f"rollout {n} Calc episodes, agent loop vs its turns replayed",
+                out.append(_row(f"{name} vs its turns replayed",
                                 r["agent_loop_tokens_per_s"], "tok/s", r["replay_tokens_per_s"],
                                 "same turns, vLLM alone (fair)"))  # fmt: skip
+    for r in (results.get("loop_workers") or {}).get("rows", []):
+        out.append(_row(f"loop turns/s, fake engine, {r['workers']} loop workers",
+                        r["loop_workers_turns_per_s"], "turns/s", r["independent_turns_per_s"],
+                        "independent processes"))  # fmt: skip
+    if lw := results.get("loop_workers"):
+        out.append(_row("loop turns/s, fake engine, one process", lw["one_process_turns_per_s"],
+                        "turns/s", None, ""))  # fmt: skip
     for phase in ("train", "train_1.5B", "train_3B"):
         for r in (results.get(phase) or {}).get("runs", []):
             if "mfu" in r:

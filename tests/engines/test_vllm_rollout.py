@@ -126,3 +126,26 @@ async def test_eval_on_vllm_writes_results_and_a_view(
     assert written["config_hash"] == json.loads((run / "config.json").read_text())["config_hash"]
     html = write_view(run).read_text()
     assert "calc-test-000003" in html and "tool_response" in html
+
+
+async def test_eval_over_loop_workers_is_token_exact_on_vllm(
+    caller_engine: Any, calc_caller_dir: Path, tmp_path: Path
+) -> None:
+    """``agentloop eval --loop-workers 2``: the episodes (their templates, tool calls in the
+    bubblewrap sandbox, observations) in two worker processes, every request served by the
+    engine here. Each written trajectory is exactly what vLLM was given and returned."""
+    from agentloop.eval import EvalConfig, eval_async
+    from agentloop.io import read_trajectories
+
+    run = tmp_path / "run"
+    config = EvalConfig(CALC, str(calc_caller_dir), run, n=4, num_tasks=4, engine="vllm",
+                        loop_workers=2, rollout=rollout_config(caller_engine))  # fmt: skip
+    with recording(caller_engine) as calls:
+        summary = await eval_async(config, engine=caller_engine, progress=False)
+    trajectories = read_trajectories(run / "trajectories.jsonl")
+    assert len(trajectories) == summary.episodes == 16
+    sessions = by_session(calls)
+    for traj in trajectories:
+        assert not traj.failed, (traj.task_id, traj.stop_reason, traj.error)
+        assert_matches_vllm(traj, sessions[f"{traj.task_id}#{traj.sample_index}"])
+    assert any(len(t.turns) >= 2 for t in trajectories)  # the tool ran between turns

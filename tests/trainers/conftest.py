@@ -71,7 +71,8 @@ def local_run(
     train_run: TrainRun, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> LocalRun:
     """grpo_helpers.run_overrides in sync local mode (STEPS steps), the weight sync checked by
-    numbers after every step."""
+    numbers after every step; the episodes played by two loop workers (``rollout.loop_workers``),
+    so the engine-vs-trainer logprob checks also hold the workers' trajectories token-exact."""
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -85,7 +86,8 @@ def local_run(
         moved = [float((e - hf_logprobs(initial, p, c)).abs().mean()) for p, c, e, _ in rows]
         sync[info.step] = (diff, sum(moved) / len(moved))
 
-    result = train_run(run_overrides(tiny_model_dir, out), on_step=check_sync)
+    overrides = [*run_overrides(tiny_model_dir, out), "rollout.loop_workers=2"]
+    result = train_run(overrides, on_step=check_sync)
     return LocalRun(out, result, sync)
 
 
