@@ -5,8 +5,9 @@ per turn) runs on one core under asyncio; with a thousand episodes in flight tha
 engine, sets the pace (docs/performance.md, "The rollout loop at scale"). ``LoopWorkers`` spawns
 ``workers`` processes that each run the same loop (:func:`agentloop.collect.play_one`) on a share
 of the episodes. Every engine request comes back here, to the one engine (vLLM, a router, a
-fake), over a socket pair: framed pickles, batched per event-loop tick, so this process's cost
-per turn is a fraction of the loop's.
+fake), over a socket pair (:mod:`agentloop.loop_wire`). This process keeps the engine's work and
+the messages, about half the loop's cost per turn: 2–2.5× one process at best
+(``bench/loop_workers_bench.py``, docs/performance.md).
 
 Episodes are dealt one at a time to the worker with the fewest in flight, and their seeds are
 those of :func:`agentloop.collect.collect` (run seed, task id, sample index), so the groups that
@@ -48,60 +49,22 @@ from agentloop.collect import (
 )
 from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import AgentLoopError, ConfigError, InferenceError
+from agentloop.loop_wire import (
+    Cancel,
+    Channel,
+    Generate,
+    Generated,
+    Play,
+    Played,
+    Ready,
+    open_channel,
+)
 from agentloop.rollout import RolloutConfig, check_builder
-from agentloop.types import Completion, Task, Trajectory, TrajectoryGroup, pickled_as_tuple
+from agentloop.types import Completion, Task, Trajectory, TrajectoryGroup
 
 __all__ = ["Collector", "LoopWorkers", "batch_collector"]
 
-_HEADER = 8  # bytes of a frame's length
-_FRAME = 32  # messages at most per frame
 _STOP_S = 10.0  # a worker asked to stop gets this long before it is killed
-
-
-# -- messages: main -> worker ------------------------------------------------------------------
-@pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class _Play:
-    job: int
-    task: Task
-    index: int
-    seed: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Cancel:
-    job: int
-
-
-@pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class _Generated:
-    request: int
-    completion: Completion | None
-    error: InferenceError | None = None
-
-
-# -- messages: worker -> main ------------------------------------------------------------------
-@pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class _Generate:
-    request: int
-    prompt_ids: Sequence[int]
-    sampling: SamplingParams
-    session_id: str | None
-    images: Sequence[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class _Ready:
-    """The worker has its env factory and builder: it takes episodes now."""
-
-
-@pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class _Played:
-    job: int
-    trajectories: list[Trajectory]
 
 
 @dataclass(frozen=True)
@@ -115,52 +78,14 @@ class _Setup:
     supports_images: bool
 
 
-class _Channel:
-    """Framed pickles over a stream. Messages sent within one event-loop tick share a frame, up
-    to ``_FRAME`` of them: a frame as large as a whole wave of episodes would make the two sides
-    take turns (one busy while the other waits for the frame) instead of overlapping."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
-        self._outbox: list[object] = []
-
-    def send(self, message: object) -> None:
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(message)
-        if len(self._outbox) >= _FRAME:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._outbox:
-            return
-        frame = pickle.dumps(self._outbox, protocol=pickle.HIGHEST_PROTOCOL)
-        self._outbox = []
-        if not self._writer.is_closing():
-            self._writer.write(len(frame).to_bytes(_HEADER, "little") + frame)
-
-    async def receive(self) -> list[object]:
-        """The next frame's messages; ``asyncio.IncompleteReadError`` once the peer is gone."""
-        size = int.from_bytes(await self._reader.readexactly(_HEADER), "little")
-        return pickle.loads(await self._reader.readexactly(size))
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-async def _open_channel(sock: socket.socket) -> _Channel:
-    reader, writer = await asyncio.open_unix_connection(sock=sock, limit=2**26)
-    return _Channel(reader, writer)
-
-
 # -- the worker side -------------------------------------------------------------------------
 class _EngineClient:
     """The Engine a worker's episodes see: each request is answered by the main process's."""
 
-    def __init__(self, channel: _Channel, supports_images: bool) -> None:
+    def __init__(self, channel: Channel, supports_images: bool) -> None:
         self._channel, self._images = channel, supports_images
         self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future[_Generated]] = {}
+        self._waiting: dict[int, asyncio.Future[Generated]] = {}
 
     @property
     def supports_images(self) -> bool:
@@ -176,7 +101,7 @@ class _EngineClient:
     ) -> Completion:
         request = next(self._ids)
         answer = self._waiting[request] = asyncio.get_running_loop().create_future()
-        self._channel.send(_Generate(request, prompt_ids, sampling, session_id, tuple(images)))
+        self._channel.send(Generate(request, prompt_ids, sampling, session_id, tuple(images)))
         try:
             reply = await answer
         finally:
@@ -185,7 +110,7 @@ class _EngineClient:
             raise reply.error or InferenceError("the engine returned nothing")
         return reply.completion
 
-    def answer(self, reply: _Generated) -> None:
+    def answer(self, reply: Generated) -> None:
         waiting = self._waiting.get(reply.request)
         if waiting is not None and not waiting.done():  # gone: its episode was cancelled
             waiting.set_result(reply)
@@ -197,18 +122,18 @@ def _worker_main(sock: socket.socket, setup: _Setup) -> None:
 
 
 async def _work(sock: socket.socket, setup: _Setup) -> None:
-    channel = await _open_channel(sock)
+    channel = await open_channel(sock)
     engine = _EngineClient(channel, setup.supports_images)
     factory = resolve_env(setup.env, setup.env_kwargs, setup.builder)
     running: dict[int, asyncio.Task[None]] = {}
-    channel.send(_Ready())
+    channel.send(Ready())
 
-    async def play(message: _Play) -> None:
+    async def play(message: Play) -> None:
         trajectories = await play_one(
             factory, engine, setup.builder, message.task, setup.config, message.index, message.seed
         )
         running.pop(message.job, None)
-        channel.send(_Played(message.job, trajectories))
+        channel.send(Played(message.job, trajectories))
 
     with rollout_gc(episodes=1):  # the heap frozen; young collections spaced as episodes arrive
         while True:
@@ -217,12 +142,12 @@ async def _work(sock: socket.socket, setup: _Setup) -> None:
             except (asyncio.IncompleteReadError, ConnectionError):
                 break  # the main process is gone
             for message in messages:
-                if isinstance(message, _Generated):
+                if isinstance(message, Generated):
                     engine.answer(message)
-                elif isinstance(message, _Play):
+                elif isinstance(message, Play):
                     running[message.job] = asyncio.create_task(play(message))
                     _space_young_collections(len(running))
-                elif isinstance(message, _Cancel) and message.job in running:
+                elif isinstance(message, Cancel) and message.job in running:
                     running.pop(message.job).cancel()
     channel.close()  # asyncio.run cancels what still runs, and each episode closes its env
 
@@ -240,7 +165,7 @@ def _space_young_collections(running: int) -> None:
 @dataclass(eq=False)
 class _Worker:
     process: multiprocessing.process.BaseProcess
-    channel: _Channel
+    channel: Channel
     ready: asyncio.Future[None]
     jobs: dict[int, asyncio.Future[list[Trajectory]]] = field(default_factory=dict)
     reader: asyncio.Task[None] | None = None
@@ -323,7 +248,7 @@ class LoopWorkers:
         finally:
             theirs.close()
         ready = asyncio.get_running_loop().create_future()
-        worker = _Worker(process, await _open_channel(ours), ready)
+        worker = _Worker(process, await open_channel(ours), ready)
         worker.reader = asyncio.create_task(self._read(worker), name=f"loop-worker-{process.pid}")
         return worker
 
@@ -334,13 +259,13 @@ class LoopWorkers:
             except (asyncio.IncompleteReadError, ConnectionError):
                 break
             for message in messages:
-                if isinstance(message, _Generate):
+                if isinstance(message, Generate):
                     request = asyncio.create_task(self._generate(worker, message))
                     self._requests.add(request)
                     request.add_done_callback(self._requests.discard)
-                elif isinstance(message, _Ready):
+                elif isinstance(message, Ready):
                     worker.ready.set_result(None)
-                elif isinstance(message, _Played):
+                elif isinstance(message, Played):
                     done = worker.jobs.pop(message.job, None)
                     if done is not None and not done.done():
                         done.set_result(message.trajectories)
@@ -353,7 +278,7 @@ class LoopWorkers:
             if not future.done():
                 future.set_exception(error)
 
-    async def _generate(self, worker: _Worker, message: _Generate) -> None:
+    async def _generate(self, worker: _Worker, message: Generate) -> None:
         try:
             completion = await generate(
                 self._engine,
@@ -368,9 +293,9 @@ class LoopWorkers:
                 if isinstance(exc, InferenceError)
                 else InferenceError(f"{type(exc).__name__}: {exc}")
             )
-            worker.channel.send(_Generated(message.request, None, error))
+            worker.channel.send(Generated(message.request, None, error))
         else:
-            worker.channel.send(_Generated(message.request, completion))
+            worker.channel.send(Generated(message.request, completion))
 
     async def _play(self, task: Task, index: int, seed: int) -> list[Trajectory]:
         if self._failed is not None:
@@ -378,12 +303,12 @@ class LoopWorkers:
         worker = min(self._workers, key=lambda w: len(w.jobs))
         job = next(self._jobs)
         done = worker.jobs[job] = asyncio.get_running_loop().create_future()
-        worker.channel.send(_Play(job, task, index, seed))
+        worker.channel.send(Play(job, task, index, seed))
         try:
             return await done
         except asyncio.CancelledError:
             if worker.jobs.pop(job, None) is not None:
-                worker.channel.send(_Cancel(job))
+                worker.channel.send(Cancel(job))
             raise
 
     async def collect(
