@@ -182,19 +182,26 @@ def _image_to_dict(image: Any) -> dict[str, str]:
     )
 
 
-def _image_from_dict(d: Mapping[str, str]) -> Any:
+def _image_from_dict(d: object) -> Any:
+    """One stored image back; anything else than :func:`_image_to_dict`'s output is a TypeError
+    or ValueError (named by :func:`trajectory_from_dict`), a PNG that does not decode too."""
+    if not isinstance(d, Mapping):
+        raise TypeError(f"an image entry is {type(d).__name__} {d!r:.60}, not a dict")
     kind = d.get("kind")
     if kind == "str":
-        return d["data"]
+        return str(d["data"])
     if kind == "bytes":
-        return base64.b64decode(d["b64"])
+        return base64.b64decode(d["b64"], validate=True)
     if kind == "png":
         from PIL import Image
 
-        image = Image.open(io.BytesIO(base64.b64decode(d["b64"])))
-        image.load()
+        try:
+            image = Image.open(io.BytesIO(base64.b64decode(d["b64"], validate=True)))
+            image.load()
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"an image entry is not a readable PNG ({exc})") from exc
         return image
-    raise TrajectoryError(f"unknown image kind {kind!r}; expected 'str', 'bytes' or 'png'")
+    raise ValueError(f"unknown image kind {kind!r}; expected 'str', 'bytes' or 'png'")
 
 
 def image_to_data_uri(image: Any) -> str | None:

@@ -111,6 +111,26 @@ def test_unknown_keys_are_ignored_and_bad_records_are_named() -> None:
         trajectory_from_dict({**record, "stop_reason": "exploded"})
 
 
+@pytest.mark.parametrize(
+    ("images", "match"),
+    [
+        (["data:image/png;base64,AAAA"], "image entry is str"),
+        ([{"kind": "png", "b64": "not base64!"}], "task-7"),
+        ([{"kind": "png", "b64": "AAAA"}], "not a readable PNG"),
+        ([{"kind": "gif", "b64": ""}], "unknown image kind 'gif'"),
+    ],
+)
+def test_a_bad_image_entry_is_a_named_error(images: list[object], match: str) -> None:
+    record = {
+        **trajectory_to_dict(
+            Trajectory("task-7", (5,), (0,), (0.0,), 1, 0.5, StopReason.MAX_TURNS)
+        ),
+        "images": images,
+    }
+    with pytest.raises(TrajectoryError, match=match):
+        trajectory_from_dict(record)
+
+
 def test_image_to_data_uri() -> None:
     from PIL import Image
 
