@@ -52,8 +52,8 @@ class PoolStats:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the totals and each server's numbers."""
-        totals = ("servers_up", "active_sessions", "sessions_opened", "runs", "errors")
-        totals += ("sessions_waiting",)
+        totals: tuple[str, ...] = ("servers_up", "active_sessions", "sessions_opened", "runs")
+        totals += ("errors", "sessions_waiting")
         return {
             **{name: getattr(self, name) for name in totals},
             "servers": [dataclasses.asdict(s) for s in self.servers],

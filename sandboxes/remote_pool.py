@@ -12,8 +12,9 @@ from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, SandboxLimitError, SandboxLimits
 from .pool_config import DEFAULT_URL, TOKEN_ENV, URLS_ENV, resolve_token, resolve_urls
+from .pool_server import PoolServer, PoolSession, describe_caps, read_cap
 from .pool_stats import PoolStats, ServerStats
-from .remote import RemoteSandbox, RemoteSession, ServerBusy, ServerUnreachable
+from .remote import RemoteSandbox, ServerBusy, ServerUnreachable
 from .shared import shared_sandboxes
 
 __all__ = [
@@ -32,53 +33,6 @@ log = logging.getLogger(__name__)
 # The id of a session no server has: a DELETE of it answers 404 with a good token, 401 without.
 _PROBE_SESSION = "agentloop-token-probe"
 _BUSY_BACKOFF_S = 1.0  # a server that answered a session open with 429/503 is skipped this long
-
-
-class _Server:
-    """A pool's view of one server: its client and counters."""
-
-    def __init__(self, client: RemoteSandbox, index: int) -> None:
-        self.client = client
-        self.url = client.urls[0]
-        self.index = index
-        self.up = True
-        self.cap: int | None = None  # its sessions per client (/health), if it says
-        self.busy_until = 0.0  # after a 429/503 to a session open: skipped until then
-        self.opening = 0
-        self.active = 0
-        self.opened = 0
-        self.runs = 0
-        self.errors = 0
-        self.last_error: str | None = None
-        self.down_since = 0.0
-        self.probe: asyncio.Future[None] | None = None  # the /health probe in flight, if any
-
-    def failed(self, exc: SandboxError) -> None:
-        self.errors += 1
-        self.last_error = str(exc)
-        if isinstance(exc, ServerUnreachable) and self.up:
-            self.up, self.down_since = False, time.monotonic()
-            log.warning("sandbox server %s is down; new sessions go elsewhere: %s", self.url, exc)
-
-    @property
-    def load(self) -> int:
-        """Sessions open and being opened."""
-        return self.active + self.opening
-
-    def has_room(self, now: float) -> bool:
-        return (self.cap is None or self.load < self.cap) and now >= self.busy_until
-
-    def stats(self) -> ServerStats:
-        return ServerStats(
-            self.url,
-            self.up,
-            self.active,
-            self.opened,
-            self.runs,
-            self.errors,
-            self.last_error,
-            self.cap,
-        )
 
 
 class RemotePool:
@@ -143,7 +97,7 @@ class RemotePool:
         self.recheck_s = float(recheck_s)
         self.session_wait_s = float(session_wait_s)
         self._servers = [
-            _Server(
+            PoolServer(
                 RemoteSandbox(
                     url,
                     token=self.token,
@@ -185,7 +139,7 @@ class RemotePool:
                 raise
             self._started = True
 
-    async def _check(self, server: _Server) -> None:
+    async def _check(self, server: PoolServer) -> None:
         url = server.url
         try:
             health = await server.client.health(url, self.health_timeout_s)
@@ -197,7 +151,7 @@ class RemotePool:
             ) from None
         if health.get("status") not in ("ok", "draining"):
             raise ConfigError(f"sandbox server {url} is not healthy: {health!r}")
-        _read_cap(server, health)
+        read_cap(server, health)
         try:
             async with asyncio.timeout(self.health_timeout_s):
                 await server.client._request(
@@ -244,12 +198,12 @@ class RemotePool:
         if due:
             await asyncio.gather(*(self._probe(s) for s in due))
 
-    async def _probe(self, server: _Server) -> None:
+    async def _probe(self, server: PoolServer) -> None:
         if server.probe is None or server.probe.done():
             server.probe = asyncio.ensure_future(self._check_health(server))
         await asyncio.shield(server.probe)
 
-    async def _check_health(self, server: _Server) -> None:
+    async def _check_health(self, server: PoolServer) -> None:
         server.down_since = time.monotonic()
         # a fresh connection pool: the dead server's kept-alive connections are half-open
         await server.client.close()
@@ -259,11 +213,11 @@ class RemotePool:
         except (SandboxError, TimeoutError) as exc:
             log.debug("sandbox server %s is still down: %s", server.url, exc)
             return
-        _read_cap(server, health)
+        read_cap(server, health)
         server.up = True
         log.warning("sandbox server %s answers again; it takes new sessions", server.url)
 
-    async def _by_load(self) -> list[_Server]:
+    async def _by_load(self) -> list[PoolServer]:
         await self._revive()
         up = [s for s in self._servers if s.up]
         if not up:
@@ -343,7 +297,7 @@ class RemotePool:
                 async with self._freed:
                     self._freed.notify_all()
 
-    async def _server_with_room(self, deadline: float) -> _Server:
+    async def _server_with_room(self, deadline: float) -> PoolServer:
         """The least loaded up server below its session limit, waiting for one until
         ``deadline`` (a session closing, or a server's 429 backoff running out)."""
         while True:
@@ -355,7 +309,7 @@ class RemotePool:
             if now >= deadline:
                 raise SandboxError(
                     f"no sandbox server had room for a new session within session_wait_s="
-                    f"{self.session_wait_s:g}s ({_caps(servers)}); add servers, raise "
+                    f"{self.session_wait_s:g}s ({describe_caps(servers)}); add servers, raise "
                     "serve-sandbox --max-sessions-per-client, or run fewer episodes at once"
                 )
             self._warn_waiting(servers)
@@ -369,7 +323,7 @@ class RemotePool:
             finally:
                 self._waiting -= 1
 
-    def _warn_waiting(self, servers: list[_Server]) -> None:
+    def _warn_waiting(self, servers: list[PoolServer]) -> None:
         if self._warned:
             return
         self._warned = True
@@ -378,59 +332,9 @@ class RemotePool:
             "new sessions wait for one to close (up to session_wait_s=%gs). More episodes run "
             "at once than the servers hold sessions: add servers, raise serve-sandbox "
             "--max-sessions-per-client, or lower the rollout concurrency",
-            _caps(servers),
+            describe_caps(servers),
             self.session_wait_s,
         )
-
-
-class PoolSession:
-    """A session of a :class:`RemotePool`, bound to one server; counts its runs and errors."""
-
-    def __init__(self, server: _Server, inner: RemoteSession) -> None:
-        self._server = server
-        self._inner = inner
-        self.id = inner.id
-        self.server = server.url
-
-    async def run(
-        self,
-        code: str,
-        *,
-        language: str = "python",
-        timeout_s: float | None = None,
-        stdin: str | None = None,
-        files: Mapping[str, bytes | str] | None = None,
-    ) -> ExecResult:
-        server = self._server
-        if not server.up:
-            raise SandboxError(
-                f"sandbox server {server.url} is down ({server.last_error}); this session's "
-                "state is lost with it"
-            )
-        try:
-            result = await self._inner.run(
-                code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
-            )
-        except SandboxLimitError:  # the caller's input, refused before it was sent
-            raise
-        except SandboxError as exc:
-            server.failed(exc)
-            raise
-        server.runs += 1
-        return result
-
-
-def _read_cap(server: _Server, health: Mapping[str, object]) -> None:
-    cap = health.get("max_sessions_per_client")
-    server.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-
-
-def _caps(servers: list[_Server]) -> str:
-    return ", ".join(
-        f"{s.url}: {s.load} open of {s.cap if s.cap is not None else '?'}"
-        + (" (answered 429)" if s.busy_until > time.monotonic() else "")
-        for s in servers
-    )
 
 
 def pool_stats() -> list[PoolStats]:

@@ -117,16 +117,23 @@ def cap_output(result: ExecResult, max_bytes: int | None) -> ExecResult:
     """``result`` with each stream cut to ``max_bytes`` of UTF-8 (None: as it is)."""
     if max_bytes is None:
         return result
-    cut = {}
-    for name in ("stdout", "stderr"):
-        text: str = getattr(result, name)
-        if len(text) > max_bytes // 4:  # a character is at most 4 bytes: shorter ones fit
-            data = text.encode()
-            if len(data) > max_bytes:
-                cut[name] = data[:max_bytes].decode("utf-8", "ignore")
-    if not cut:
+    stdout, stderr = _cut(result.stdout, max_bytes), _cut(result.stderr, max_bytes)
+    if stdout is None and stderr is None:
         return result
-    return dataclasses.replace(result, truncated=True, **cut)
+    return dataclasses.replace(
+        result,
+        stdout=result.stdout if stdout is None else stdout,
+        stderr=result.stderr if stderr is None else stderr,
+        truncated=True,
+    )
+
+
+def _cut(text: str, max_bytes: int) -> str | None:
+    """``text`` cut to ``max_bytes`` of UTF-8, or None when it fits."""
+    if len(text) <= max_bytes // 4:  # a character is at most 4 bytes: shorter ones fit
+        return None
+    data = text.encode()
+    return data[:max_bytes].decode("utf-8", "ignore") if len(data) > max_bytes else None
 
 
 @dataclass(frozen=True, slots=True)
