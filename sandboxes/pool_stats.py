@@ -20,6 +20,7 @@ class ServerStats:
     runs: int
     errors: int
     last_error: str | None = None
+    session_cap: int | None = None  # sessions per client the server allows (its /health)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class PoolStats:
     """A pool's servers and their totals (``RemotePool.stats()``)."""
 
     servers: tuple[ServerStats, ...]
+    sessions_waiting: int = 0  # session opens waiting for a server's session limit
 
     @property
     def servers_up(self) -> int:
@@ -50,7 +52,8 @@ class PoolStats:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the totals and each server's numbers."""
-        totals = ("servers_up", "active_sessions", "sessions_opened", "runs", "errors")
+        totals: tuple[str, ...] = ("servers_up", "active_sessions", "sessions_opened", "runs")
+        totals += ("errors", "sessions_waiting")
         return {
             **{name: getattr(self, name) for name in totals},
             "servers": [dataclasses.asdict(s) for s in self.servers],
@@ -62,6 +65,7 @@ class PoolStats:
             f"{prefix}/servers_up": float(self.servers_up),
             f"{prefix}/active_sessions": float(self.active_sessions),
             f"{prefix}/errors": float(self.errors),
+            f"{prefix}/sessions_waiting": float(self.sessions_waiting),
         }
         for i, s in enumerate(self.servers):
             out[f"{prefix}/server{i}/up"] = float(s.up)

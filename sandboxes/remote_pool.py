@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from agentloop.errors import ConfigError, SandboxError
 
 from .base import ExecResult, SandboxLimitError, SandboxLimits
+from .pool_config import DEFAULT_URL, TOKEN_ENV, URLS_ENV, resolve_token, resolve_urls
+from .pool_server import PoolServer, PoolSession, describe_caps, read_cap
 from .pool_stats import PoolStats, ServerStats
-from .remote import RemoteSandbox, RemoteSession, ServerUnreachable
+from .remote import RemoteSandbox, ServerBusy, ServerUnreachable
 from .shared import shared_sandboxes
 
 __all__ = [
@@ -29,42 +30,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Read when no ``urls`` are given: comma-separated base URLs of ``agentloop serve-sandbox``.
-URLS_ENV = "AGENTLOOP_SANDBOX_URLS"
-#: Read when no ``token_env`` is given: the servers' bearer token (never put it in a config).
-TOKEN_ENV = "AGENTLOOP_SANDBOX_TOKEN"
-#: The server address when neither ``urls`` nor ``$AGENTLOOP_SANDBOX_URLS`` names one.
-DEFAULT_URL = "http://127.0.0.1:8080"
 # The id of a session no server has: a DELETE of it answers 404 with a good token, 401 without.
 _PROBE_SESSION = "agentloop-token-probe"
-
-
-class _Server:
-    """A pool's view of one server: its client and counters."""
-
-    def __init__(self, client: RemoteSandbox) -> None:
-        self.client = client
-        self.url = client.urls[0]
-        self.up = True
-        self.active = 0
-        self.opened = 0
-        self.runs = 0
-        self.errors = 0
-        self.last_error: str | None = None
-        self.down_since = 0.0
-        self.probe: asyncio.Future[None] | None = None  # the /health probe in flight, if any
-
-    def failed(self, exc: SandboxError) -> None:
-        self.errors += 1
-        self.last_error = str(exc)
-        if isinstance(exc, ServerUnreachable) and self.up:
-            self.up, self.down_since = False, time.monotonic()
-            log.warning("sandbox server %s is down; new sessions go elsewhere: %s", self.url, exc)
-
-    def stats(self) -> ServerStats:
-        return ServerStats(
-            self.url, self.up, self.active, self.opened, self.runs, self.errors, self.last_error
-        )
+_BUSY_BACKOFF_S = 1.0  # a server that answered a session open with 429/503 is skipped this long
 
 
 class RemotePool:
@@ -78,7 +46,12 @@ class RemotePool:
 
     ``start()`` checks every server (its ``/health`` and the token) and fails naming the one that
     does not answer or rejects the token. A session goes to the up server with the fewest open
-    sessions and stays there; one-off runs go to the least busy server. A server that cannot be
+    sessions (ties taken in turn) and stays there; one-off runs go to the least busy server.
+    Each server allows a client so many sessions (its ``/health`` says how many): at that
+    number, or when a server answers an open with 429 (the same token or address used from
+    elsewhere), a new session goes to another server or waits for one to close, up to
+    ``session_wait_s``, then fails naming the limits; the first wait logs a warning, since it
+    means more concurrent episodes than the servers hold sessions. A server that cannot be
     reached is marked down: its sessions' runs raise :class:`SandboxError` naming it (the code
     interpreter turns that into a tool error) and new sessions go to the others.
     ``connect_timeout_s``, ``retries``/``backoff_s`` (connection failures only) and ``grace_s``
@@ -104,14 +77,16 @@ class RemotePool:
         grace_s: float = 30.0,
         health_timeout_s: float = 10.0,
         recheck_s: float = 10.0,
+        session_wait_s: float = 600.0,
     ) -> None:
-        self.urls = _resolve_urls(urls, urls_env)
-        self.token, self.token_source = _resolve_token(token, token_env)
+        self.urls = resolve_urls(urls, urls_env)
+        self.token, self.token_source = resolve_token(token, token_env)
         for name, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("grace_s", grace_s),
             ("health_timeout_s", health_timeout_s),
             ("recheck_s", recheck_s),
+            ("session_wait_s", session_wait_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"remote sandbox {name} must be a number > 0, got {value!r}")
@@ -120,8 +95,9 @@ class RemotePool:
         self.limits = limits or SandboxLimits()
         self.health_timeout_s = float(health_timeout_s)
         self.recheck_s = float(recheck_s)
+        self.session_wait_s = float(session_wait_s)
         self._servers = [
-            _Server(
+            PoolServer(
                 RemoteSandbox(
                     url,
                     token=self.token,
@@ -130,10 +106,15 @@ class RemotePool:
                     backoff_s=backoff_s,
                     connect_timeout_s=connect_timeout_s,
                     grace_s=grace_s,
-                )
+                ),
+                i,
             )
-            for url in self.urls
+            for i, url in enumerate(self.urls)
         ]
+        self._turn = -1  # rotates which of equally loaded servers comes first (0: the first)
+        self._freed = asyncio.Condition()  # notified when a session closes
+        self._waiting = 0
+        self._warned = False
         self._started = False
         self._start_lock: asyncio.Lock | None = None
 
@@ -158,7 +139,7 @@ class RemotePool:
                 raise
             self._started = True
 
-    async def _check(self, server: _Server) -> None:
+    async def _check(self, server: PoolServer) -> None:
         url = server.url
         try:
             health = await server.client.health(url, self.health_timeout_s)
@@ -170,6 +151,7 @@ class RemotePool:
             ) from None
         if health.get("status") not in ("ok", "draining"):
             raise ConfigError(f"sandbox server {url} is not healthy: {health!r}")
+        read_cap(server, health)
         try:
             async with asyncio.timeout(self.health_timeout_s):
                 await server.client._request(
@@ -200,7 +182,7 @@ class RemotePool:
 
     def stats(self) -> PoolStats:
         """Per-server metrics: up or down, open sessions, sessions opened, runs and errors."""
-        return PoolStats(tuple(s.stats() for s in self._servers))
+        return PoolStats(tuple(s.stats() for s in self._servers), self._waiting)
 
     async def _revive(self) -> None:
         """Probe the down servers due for it: every ``recheck_s``, or at once when none is up (a
@@ -216,31 +198,34 @@ class RemotePool:
         if due:
             await asyncio.gather(*(self._probe(s) for s in due))
 
-    async def _probe(self, server: _Server) -> None:
+    async def _probe(self, server: PoolServer) -> None:
         if server.probe is None or server.probe.done():
             server.probe = asyncio.ensure_future(self._check_health(server))
         await asyncio.shield(server.probe)
 
-    async def _check_health(self, server: _Server) -> None:
+    async def _check_health(self, server: PoolServer) -> None:
         server.down_since = time.monotonic()
         # a fresh connection pool: the dead server's kept-alive connections are half-open
         await server.client.close()
         await server.client.start()
         try:
-            await server.client.health(server.url, self.health_timeout_s)
+            health = await server.client.health(server.url, self.health_timeout_s)
         except (SandboxError, TimeoutError) as exc:
             log.debug("sandbox server %s is still down: %s", server.url, exc)
             return
+        read_cap(server, health)
         server.up = True
         log.warning("sandbox server %s answers again; it takes new sessions", server.url)
 
-    async def _by_load(self) -> list[_Server]:
+    async def _by_load(self) -> list[PoolServer]:
         await self._revive()
         up = [s for s in self._servers if s.up]
         if not up:
             down = "; ".join(f"{s.url}: {s.last_error}" for s in self._servers)
             raise SandboxError(f"every sandbox server of the pool is down ({down})")
-        return sorted(up, key=lambda s: s.active)  # stable: ties go to the first listed
+        self._turn += 1
+        n = len(self._servers)
+        return sorted(up, key=lambda s: (s.load, (s.index - self._turn) % n))
 
     def _require_started(self) -> None:
         if not self._started:
@@ -283,101 +268,73 @@ class RemotePool:
     async def session(self) -> AsyncIterator[PoolSession]:
         """A session on the up server with the fewest open sessions; it stays there."""
         self._require_started()
+        deadline = time.monotonic() + self.session_wait_s
         while True:
-            server = (await self._by_load())[0]
+            server = await self._server_with_room(deadline)
+            server.opening += 1
             try:
                 opened = server.client.session()
                 inner = await opened.__aenter__()
             except ServerUnreachable as exc:  # nothing was opened: try the next server
                 server.failed(exc)
                 continue
+            except ServerBusy as exc:  # at its limit for us (or draining): elsewhere, or wait
+                server.busy_until = time.monotonic() + _BUSY_BACKOFF_S
+                server.last_error = str(exc)
+                continue
+            finally:
+                server.opening -= 1
             break
         server.active += 1
         server.opened += 1
         try:
             yield PoolSession(server, inner)
         finally:
-            server.active -= 1
-            await opened.__aexit__(None, None, None)  # a DELETE; errors suppressed by the client
+            try:
+                await opened.__aexit__(None, None, None)  # a DELETE; errors suppressed
+            finally:
+                server.active -= 1
+                async with self._freed:
+                    self._freed.notify_all()
 
+    async def _server_with_room(self, deadline: float) -> PoolServer:
+        """The least loaded up server below its session limit, waiting for one until
+        ``deadline`` (a session closing, or a server's 429 backoff running out)."""
+        while True:
+            servers = await self._by_load()
+            now = time.monotonic()
+            for server in servers:
+                if server.has_room(now):
+                    return server
+            if now >= deadline:
+                raise SandboxError(
+                    f"no sandbox server had room for a new session within session_wait_s="
+                    f"{self.session_wait_s:g}s ({describe_caps(servers)}); add servers, raise "
+                    "serve-sandbox --max-sessions-per-client, or run fewer episodes at once"
+                )
+            self._warn_waiting(servers)
+            backoffs = [s.busy_until - now for s in servers if s.busy_until > now]
+            self._waiting += 1
+            try:
+                async with self._freed:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min([deadline - now, 1.0, *backoffs])):
+                            await self._freed.wait()
+            finally:
+                self._waiting -= 1
 
-class PoolSession:
-    """A session of a :class:`RemotePool`, bound to one server; counts its runs and errors."""
-
-    def __init__(self, server: _Server, inner: RemoteSession) -> None:
-        self._server = server
-        self._inner = inner
-        self.id = inner.id
-        self.server = server.url
-
-    async def run(
-        self,
-        code: str,
-        *,
-        language: str = "python",
-        timeout_s: float | None = None,
-        stdin: str | None = None,
-        files: Mapping[str, bytes | str] | None = None,
-    ) -> ExecResult:
-        server = self._server
-        if not server.up:
-            raise SandboxError(
-                f"sandbox server {server.url} is down ({server.last_error}); this session's "
-                "state is lost with it"
-            )
-        try:
-            result = await self._inner.run(
-                code, language=language, timeout_s=timeout_s, stdin=stdin, files=files
-            )
-        except SandboxLimitError:  # the caller's input, refused before it was sent
-            raise
-        except SandboxError as exc:
-            server.failed(exc)
-            raise
-        server.runs += 1
-        return result
-
-
-def _resolve_urls(urls: str | Sequence[str] | None, urls_env: str | None) -> tuple[str, ...]:
-    source = "urls"
-    if urls is None or (not isinstance(urls, str) and len(urls) == 0):
-        env = urls_env or URLS_ENV
-        value = os.environ.get(env, "").strip()
-        if urls_env is not None and not value:
-            raise ConfigError(
-                f"remote sandbox urls_env={urls_env!r} but ${urls_env} is not set; set it to the "
-                "servers' URLs, e.g. http://10.0.0.5:8080,http://10.0.0.6:8080"
-            )
-        urls, source = (value or DEFAULT_URL), f"${env}"
-    items = urls.split(",") if isinstance(urls, str) else list(urls)
-    out = tuple(u.strip().rstrip("/") for u in items if isinstance(u, str) and u.strip())
-    bad = [
-        u
-        for u in items
-        if not isinstance(u, str) or not u.strip().startswith(("http://", "https://"))
-    ]
-    if not out or bad:
-        raise ConfigError(
-            f"remote sandbox {source} must be http(s) base URLs like 'http://10.0.0.5:8080', "
-            f"got {urls!r}"
+    def _warn_waiting(self, servers: list[PoolServer]) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        log.warning(
+            "every sandbox server of the pool is at its session limit for this client (%s); "
+            "new sessions wait for one to close (up to session_wait_s=%gs). More episodes run "
+            "at once than the servers hold sessions: add servers, raise serve-sandbox "
+            "--max-sessions-per-client, or lower the rollout concurrency",
+            describe_caps(servers),
+            self.session_wait_s,
         )
-    if len(set(out)) != len(out):
-        raise ConfigError(f"remote sandbox {source} lists a server twice: {list(out)}")
-    return out
-
-
-def _resolve_token(token: str | None, token_env: str | None) -> tuple[str | None, str]:
-    """The token and where it came from (for messages; never the token itself)."""
-    if token is not None:
-        return token, "the token passed in"
-    env = token_env or TOKEN_ENV
-    value = os.environ.get(env) or None
-    if token_env is not None and value is None:
-        raise ConfigError(
-            f"remote sandbox token_env={token_env!r} but ${token_env} is not set; export the "
-            "servers' token in it"
-        )
-    return value, f"from ${env}" if value else f"none: ${env} is not set"
 
 
 def pool_stats() -> list[PoolStats]:

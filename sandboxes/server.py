@@ -18,13 +18,15 @@ from aiohttp import web
 from agentloop.errors import ConfigError, SandboxError
 
 from .admission import RunGate, SessionCaps
-from .base import ExecResult, Sandbox, SandboxSession
+from .base import ExecResult, Sandbox, SandboxLimits, SandboxSession
 from .http_limits import HttpLimits, http_limits_from_args
-from .http_server import HttpServer, internal_error
+from .http_server import HttpServer, internal_error, return_big_buffers
 from .serve_args import backend_kwargs_from_args, build_parser, is_loopback, read_tokens, warn_open
+from .tiers import LimitsFactory, MemoryTiers
 from .wire import (
     FusionRequest,
     RunRequest,
+    cap_output,
     fetch_code,
     parse_fetched,
     parse_run_request,
@@ -70,8 +72,11 @@ class SandboxServer:
     it in the URL instead: ``http://host:port/auth/<token>/run_code``. Sessions live on this
     server only (ids carry a per-process prefix), belong to the client (token; without auth, the
     peer address) that opened them — another client gets 404 — and close after
-    ``session_ttl_s`` idle. The backend's limits are ceilings: a request's ``timeout_s`` may be
-    lower, a higher one is cut to ``sandbox.limits.timeout_s``; at most ``max_sessions`` are open,
+    ``session_ttl_s`` idle. The backend's limits are ceilings: a request's own limits
+    (``timeout_s``, ``memory_mb``, ``max_output_bytes``; SandboxFusion's ``run_timeout`` and
+    ``memory_limit_MB``) may tighten them, a looser one is clamped to the server's; a lower
+    memory limit runs on a sandbox built with it by ``factory`` (see :class:`MemoryTiers`;
+    one-off runs only: a session keeps the server's). At most ``max_sessions`` are open,
     ``max_sessions_per_client`` per client, counted as each open arrives (before it waits for a
     run slot) and counting the session behind SandboxFusion's ``fetch_files``. Every error is
     JSON ``{"error", "type"}``; an unexpected exception is a 500 (``InternalError``), logged.
@@ -89,10 +94,12 @@ class SandboxServer:
         max_sessions: int = 256,
         max_sessions_per_client: int = 32,
         http: HttpLimits | None = None,
+        factory: LimitsFactory | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.sandbox = sandbox
+        self.tiers = MemoryTiers(sandbox, factory)
         self.gate = RunGate(
             max_concurrency, 4 * max_concurrency if max_queue is None else max_queue
         )
@@ -180,6 +187,7 @@ class SandboxServer:
                 "queued": self.gate.waiting,
                 "max_concurrency": self.gate.limit,
                 "sessions": len(self.sessions),
+                "max_sessions_per_client": self.max_sessions_per_client,
             }
         )
 
@@ -191,32 +199,38 @@ class SandboxServer:
     async def _execute(self, target: Sandbox | SandboxSession, req: RunRequest) -> ExecResult:
         timeout = self._timeout(req)
         async with self.gate.slot(), asyncio.timeout(timeout + _RUN_GRACE_S):
-            return await target.run(
+            result = await target.run(
                 req.code, language=req.language, timeout_s=timeout, stdin=req.stdin, files=req.files
             )
+        cap = req.max_output_bytes
+        tighter = cap is not None and cap < self.sandbox.limits.max_output_bytes
+        return cap_output(result, cap if tighter else None)
 
     async def run(self, request: web.Request) -> web.Response:
         req = parse_run_request(await self._body(request))
-        return web.json_response((await self._execute(self.sandbox, req)).to_dict())
+        async with self.tiers.use(req.memory_mb) as sandbox:
+            return web.json_response((await self._execute(sandbox, req)).to_dict())
 
     async def run_code(self, request: web.Request) -> web.Response:
-        fusion = sandboxfusion_request(await self._body(request), self.sandbox.limits.memory_mb)
-        try:
-            if not fusion.fetch_files:
+        fusion = sandboxfusion_request(await self._body(request))
+        async with self.tiers.use(fusion.run.memory_mb) as sandbox:
+            try:
+                if not fusion.fetch_files:
+                    result = await self._execute(sandbox, fusion.run)
+                    return web.json_response(sandboxfusion_response(result))
+                with self._session_slot(request):
+                    result, files = await self._run_and_fetch(sandbox, fusion)
+                return web.json_response(sandboxfusion_response(result, files))
+            except (ConfigError, SandboxError) as exc:
                 return web.json_response(
-                    sandboxfusion_response(await self._execute(self.sandbox, fusion.run))
+                    {"status": "SandboxError", "message": str(exc), "run_result": None, "files": {}}
                 )
-            with self._session_slot(request):
-                result, files = await self._run_and_fetch(fusion)
-            return web.json_response(sandboxfusion_response(result, files))
-        except (ConfigError, SandboxError) as exc:
-            return web.json_response(
-                {"status": "SandboxError", "message": str(exc), "run_result": None, "files": {}}
-            )
 
-    async def _run_and_fetch(self, fusion: FusionRequest) -> tuple[ExecResult, dict[str, str]]:
+    async def _run_and_fetch(
+        self, sandbox: Sandbox, fusion: FusionRequest
+    ) -> tuple[ExecResult, dict[str, str]]:
         """Run, then read ``fetch_files`` back: one session, so that they share a work dir."""
-        async with self.sandbox.session() as session:
+        async with sandbox.session() as session:
             result = await self._execute(session, fusion.run)
             fetch = RunRequest(fetch_code(fusion.fetch_files))
             return result, parse_fetched(await self._execute(session, fetch))
@@ -252,6 +266,13 @@ class SandboxServer:
     async def session_run(self, request: web.Request) -> web.Response:
         entry = self._session(request)
         req = parse_run_request(await self._body(request))
+        if req.memory_mb is not None and req.memory_mb < self.sandbox.limits.memory_mb:
+            raise ConfigError(
+                f"memory_mb={req.memory_mb} is below this server's {self.sandbox.limits.memory_mb}"
+                " MB, and a session keeps the memory limit it was opened with; send a lower "
+                "memory_mb with one-off runs (/v1/run), or start the server with --memory-mb "
+                f"{req.memory_mb}"
+            )
         entry.busy += 1
         try:
             result = await self._execute(entry.session, req)
@@ -296,7 +317,18 @@ class SandboxServer:
         for entry in sessions:
             with contextlib.suppress(Exception):
                 await entry.cm.__aexit__(None, None, None)
+        await self.tiers.close()
         await self._http.stop()
+
+
+def _factory(name: str, kwargs: dict[str, Any]) -> LimitsFactory:
+    """Builds backend ``name`` as configured, but with the limits given."""
+    from .base import make_sandbox
+
+    def build(limits: SandboxLimits) -> Sandbox:
+        return make_sandbox(name, **{**kwargs, "limits": limits})
+
+    return build
 
 
 async def serve(
@@ -315,8 +347,11 @@ async def serve(
 
     from .base import make_sandbox
 
+    return_big_buffers()  # what 1 MB outputs leave in the heap goes back (measured: docs)
+    factory: LimitsFactory | None = None
     if isinstance(backend, str):
         sandbox = make_sandbox(backend, **(backend_kwargs or {}))
+        factory = _factory(backend, dict(backend_kwargs or {}))
     else:
         sandbox = backend
     stop = stop or asyncio.Event()
@@ -326,7 +361,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     async with sandbox:
         server = SandboxServer(
-            sandbox, max_concurrency=max_concurrency, token=token, **server_kwargs
+            sandbox, max_concurrency=max_concurrency, token=token, factory=factory, **server_kwargs
         )
         if not server.tokens and not is_loopback(host):
             warn_open(host)

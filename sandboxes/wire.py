@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +16,7 @@ from .base import ExecResult, decode_files
 __all__ = [
     "FusionRequest",
     "RunRequest",
+    "cap_output",
     "fetch_code",
     "parse_fetched",
     "parse_run_request",
@@ -22,17 +25,63 @@ __all__ = [
 ]
 
 _MAX_FETCH_FILES = 64
+_MIN_MEMORY_MB = 32  # SandboxLimits' floor: less cannot hold a Python interpreter
 
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """A validated run request (the body of ``/v1/run`` and ``/v1/sessions/{id}/run``)."""
+    """A validated run request (the body of ``/v1/run`` and ``/v1/sessions/{id}/run``).
+
+    ``timeout_s``, ``memory_mb`` and ``max_output_bytes`` are the client's own limits: None
+    (or infinity) leaves the server's; a value may tighten the server's limit, never lift it
+    (the server takes the lower of the two).
+    """
 
     code: str
     language: str = "python"
     timeout_s: float | None = None
     stdin: str | None = None
     files: Mapping[str, bytes] = field(default_factory=dict)
+    memory_mb: int | None = None
+    max_output_bytes: int | None = None
+
+
+def limit_value(name: str, value: Any, unit: str) -> float | None:
+    """A client's limit: a positive number (infinity: none of its own, so None), or None when
+    absent; anything that is not a limit (a string, a boolean, NaN, zero or a negative number)
+    is a ConfigError naming the field."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ConfigError(f"field {name!r} must be a number of {unit}, got {value!r}")
+    if value <= 0:
+        raise ConfigError(
+            f"field {name!r} must be a positive number of {unit}, got {value!r}; leave it out "
+            "to use the server's limit"
+        )
+    return None if math.isinf(value) else float(value)
+
+
+def _memory_mb(name: str, value: Any) -> int | None:
+    mb = limit_value(name, value, "MB")
+    if mb is not None and mb < _MIN_MEMORY_MB:
+        raise ConfigError(
+            f"field {name!r} is {value!r} MB, too little for a Python interpreter; send at least "
+            f"{_MIN_MEMORY_MB}"
+        )
+    return None if mb is None else int(mb)
+
+
+def _text(name: str, value: str) -> str:
+    """``value`` if it encodes as UTF-8 (a lone surrogate does not), else a ConfigError."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"field {name!r} is not valid Unicode text: {value[exc.start : exc.end]!r} at "
+            f"character {exc.start} is a lone surrogate; send UTF-8 text"
+        ) from None
+    return value
 
 
 def parse_run_request(body: Any) -> RunRequest:
@@ -40,18 +89,51 @@ def parse_run_request(body: Any) -> RunRequest:
     if not isinstance(body, dict):
         raise ConfigError(f"request body must be a JSON object, got {type(body).__name__}")
     code, language = body.get("code"), body.get("language", "python")
-    timeout, stdin, files = body.get("timeout_s"), body.get("stdin"), body.get("files") or {}
+    stdin, files = body.get("stdin"), body.get("files") or {}
     if not isinstance(code, str):
         raise ConfigError("field 'code' must be a string with the program to run")
     if not isinstance(language, str):
         raise ConfigError(f"field 'language' must be a string, got {language!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
-        raise ConfigError(f"field 'timeout_s' must be a number of seconds, got {timeout!r}")
+    timeout = limit_value("timeout_s", body.get("timeout_s"), "seconds")
+    out = limit_value("max_output_bytes", body.get("max_output_bytes"), "bytes")
     if stdin is not None and not isinstance(stdin, str):
         raise ConfigError(f"field 'stdin' must be a string, got {type(stdin).__name__}")
     if not isinstance(files, dict):
         raise ConfigError("field 'files' must map relative paths to base64 text")
-    return RunRequest(code, language, timeout, stdin, decode_files(files))
+    for path in files:
+        _text("files", path)
+    return RunRequest(
+        _text("code", code),
+        language,
+        timeout,
+        None if stdin is None else _text("stdin", stdin),
+        decode_files(files),
+        _memory_mb("memory_mb", body.get("memory_mb")),
+        None if out is None else max(1, int(out)),
+    )
+
+
+def cap_output(result: ExecResult, max_bytes: int | None) -> ExecResult:
+    """``result`` with each stream cut to ``max_bytes`` of UTF-8 (None: as it is)."""
+    if max_bytes is None:
+        return result
+    stdout, stderr = _cut(result.stdout, max_bytes), _cut(result.stderr, max_bytes)
+    if stdout is None and stderr is None:
+        return result
+    return dataclasses.replace(
+        result,
+        stdout=result.stdout if stdout is None else stdout,
+        stderr=result.stderr if stderr is None else stderr,
+        truncated=True,
+    )
+
+
+def _cut(text: str, max_bytes: int) -> str | None:
+    """``text`` cut to ``max_bytes`` of UTF-8, or None when it fits."""
+    if len(text) <= max_bytes // 4:  # a character is at most 4 bytes: shorter ones fit
+        return None
+    data = text.encode()
+    return data[:max_bytes].decode("utf-8", "ignore") if len(data) > max_bytes else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +165,11 @@ def sandboxfusion_response(
     }
 
 
-def _memory_limit(value: Any, server_mb: int) -> None:
-    """``memory_limit_MB``: a per-run limit this server can keep only when it is at or above
-    its own (which then applies); a lower one it cannot set per request, so it is refused."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"field 'memory_limit_MB' must be a number of MB, got {value!r}")
-    if value <= 0:
-        return  # SandboxFusion's "no limit of its own" (-1): the server's limit applies
-    if value < server_mb:
-        raise ConfigError(
-            f"memory_limit_MB={value:g} is below this server's per-run memory limit of "
-            f"{server_mb} MB, which a request cannot lower; send memory_limit_MB >= {server_mb} "
-            f"(or -1), or start the server with --memory-mb {int(value)}"
-        )
+def _fusion_memory(value: Any) -> int | None:
+    """``memory_limit_MB``: -1 is SandboxFusion's default, "no limit of its own"."""
+    if value == -1 and not isinstance(value, bool):
+        return None
+    return _memory_mb("memory_limit_MB", value)
 
 
 def _fetch_list(value: Any, language: str) -> tuple[str, ...]:
@@ -117,18 +189,18 @@ def _fetch_list(value: Any, language: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def sandboxfusion_request(body: Any, memory_mb: int) -> FusionRequest:
+def sandboxfusion_request(body: Any) -> FusionRequest:
     """A SandboxFusion ``RunCodeRequest`` (``compile_timeout`` is accepted and unused).
 
-    ``run_timeout`` is capped by the server's limit, ``memory_limit_MB`` must be at or above the
-    server's ``memory_mb`` (or -1: then the server's applies), ``fetch_files`` (python) are read
-    back from the work dir after the run and returned base64-encoded in ``files``.
+    ``run_timeout`` and ``memory_limit_MB`` are the client's limits, as SandboxFusion has them:
+    the server runs with the lower of each and its own (a higher one is clamped to the
+    server's; -1, SandboxFusion's default, leaves the server's). ``fetch_files`` (python) are
+    read back from the work dir after the run and returned base64-encoded in ``files``.
     """
     if not isinstance(body, dict):
         raise ConfigError("request body must be a JSON object")
     language = str(body.get("language") or "python")
     language = {"python3": "python", "sh": "bash"}.get(language, language)
-    _memory_limit(body.get("memory_limit_MB"), memory_mb)
     run = parse_run_request(
         {
             "code": body.get("code"),
@@ -138,6 +210,7 @@ def sandboxfusion_request(body: Any, memory_mb: int) -> FusionRequest:
             "files": body.get("files") or {},
         }
     )
+    run = dataclasses.replace(run, memory_mb=_fusion_memory(body.get("memory_limit_MB")))
     return FusionRequest(run, _fetch_list(body.get("fetch_files"), language))
 
 

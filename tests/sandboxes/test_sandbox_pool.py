@@ -114,13 +114,13 @@ async def test_sessions_spread_by_load_and_stay_on_their_server(servers: Servers
     async with RemotePool(urls, token=TOKEN) as pool:
         async with pool.session() as a, pool.session() as b, pool.session() as c:
             assert {a.server, b.server} == set(urls)  # the second goes to the idle server
-            assert c.server == urls[0]  # a tie: the first listed
+            assert c.server in urls  # a tie: either (ties are taken in turn)
             await a.run("x = 1")
             await b.run("x = 2")
             assert (await a.run("print(x)")).stdout == "1\n"  # state stays on its server
             assert (await b.run("print(x)")).stdout == "2\n"
             stats = pool.stats()
-            assert [s.active_sessions for s in stats.servers] == [2, 1]
+            assert sorted(s.active_sessions for s in stats.servers) == [1, 2]
         stats = pool.stats()
         assert stats.active_sessions == 0 and stats.sessions_opened == 3
         assert stats.runs == 4 and stats.errors == 0 and stats.servers_up == 2

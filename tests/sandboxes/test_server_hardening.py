@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from agentloop.sandboxes.server import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 CEILING = SandboxLimits(timeout_s=1.5, memory_mb=256, max_processes=32, disk_mb=64)
+ROOMY = dataclasses.replace(CEILING, timeout_s=20)  # for runs that fill 100 MB on a busy host
 
 
 async def call(method: str, url: str, body: Any = None, token: str | None = "a") -> tuple[int, Any]:
@@ -130,16 +132,91 @@ async def test_sandboxfusion_fetch_files_and_memory_limit(local_server: str) -> 
     assert status == 200 and res["status"] == "Success", res
     files = {k: base64.b64decode(v) for k, v in res["files"].items()}
     assert files == {"out.txt": b"forty-two", "d/b.bin": bytes(range(4))}
-    # memory_limit_MB: at or above the server's 256 MB (or -1) runs under 256 MB; below it cannot
+    # memory_limit_MB at or above the server's 256 MB (or -1) runs under 256 MB
     for ok in (256, 4096, -1):
         _, res = await call("POST", url, {"code": "print(1)", "memory_limit_MB": ok}, token=None)
         assert res["status"] == "Success", res
+    # a lower one needs a server that can build a sandbox with it (serve() gives it a factory)
     status, res = await call("POST", url, {"code": "1", "memory_limit_MB": 64}, token=None)
-    assert status == 400 and "memory_limit_MB=64" in res["error"] and "256 MB" in res["error"]
+    assert status == 400 and "64 MB is below this server's 256 MB" in res["error"], res
     status, res = await call(
         "POST", url, {"code": "ls", "language": "bash", "fetch_files": ["x"]}, token=None
     )
     assert status == 400 and "fetch_files" in res["error"], res
+
+
+@pytest.fixture
+async def tightening_server() -> AsyncIterator[tuple[str, SandboxServer]]:
+    """A local server with the factory `serve` gives it: it can lower memory per request."""
+    async with make_sandbox("local", limits=ROOMY, pool_size=0) as sb:
+
+        def factory(limits: SandboxLimits) -> Any:
+            return make_sandbox("local", limits=limits, pool_size=0)
+
+        server = SandboxServer(sb, token="a", factory=factory)
+        port = await server.start()
+        try:
+            yield f"http://127.0.0.1:{port}", server
+        finally:
+            await server.stop(drain_timeout_s=5)
+
+
+@needs_bwrap
+async def test_a_client_may_tighten_every_limit_and_a_looser_one_is_clamped(
+    tightening_server: tuple[str, SandboxServer],
+) -> None:
+    """Issue 41: memory, output and time below the server's apply to that run; above it they
+    are clamped to the server's (SandboxFusion's semantics); what is not a limit is a 400."""
+    url, server = tightening_server
+    grab = "x = bytearray(100 << 20); x[::4096] = b'1' * len(x[::4096]); print('held 100 MB')"
+    fusion = url + "/auth/a/run_code"
+    _, res = await call("POST", fusion, {"code": grab, "memory_limit_MB": 64}, token=None)
+    assert res["status"] == "Failed" and "held" not in res["run_result"]["stdout"], res
+    for looser in (256, 100_000, -1):  # at, above (clamped to 256 MB) and SandboxFusion's none
+        _, res = await call("POST", fusion, {"code": grab, "memory_limit_MB": looser}, token=None)
+        assert res["run_result"]["stdout"] == "held 100 MB\n", (looser, res)
+    assert server.tiers.limits == (64,)  # one extra sandbox, for the one lower limit asked
+    status, body = await call("POST", url + "/v1/run", {"code": grab, "memory_mb": 64})
+    assert status == 200 and body["exit_code"] != 0, body
+    out = {"code": "print('x' * 5000)", "max_output_bytes": 100}
+    status, body = await call("POST", url + "/v1/run", out)
+    assert body["stdout"] == "x" * 100 and body["truncated"], body
+    status, body = await call("POST", url + "/v1/run", out | {"max_output_bytes": 1e12})
+    assert body["stdout"] == "x" * 5000 + "\n" and not body["truncated"], body
+    slow = {"code": "import time; time.sleep(5)", "timeout_s": 0.5}
+    status, body = await call("POST", url + "/v1/run", slow)
+    assert body["timed_out"] and "after 0.5s" in body["stderr"], body
+    for field, bad in [
+        ("memory_mb", "64"), ("memory_mb", True), ("memory_mb", 0), ("memory_mb", -5),
+        ("memory_mb", 16), ("max_output_bytes", -1), ("timeout_s", "5"), ("timeout_s", -1),
+    ]:  # fmt: skip
+        status, body = await call("POST", url + "/v1/run", {"code": "1", field: bad})
+        assert status == 400 and field in body["error"], (field, bad, body)
+    for bad in ("1024", False, 0, -2):
+        status, body = await call("POST", fusion, {"code": "1", "memory_limit_MB": bad}, None)
+        assert status == 400 and "memory_limit_MB" in body["error"], (bad, body)
+    async with aiohttp.ClientSession() as http:  # NaN is not a limit (json reads it)
+        raw = b'{"code": "1", "memory_limit_MB": NaN}'
+        async with http.post(fusion, data=raw) as r:
+            assert r.status == 400 and "memory_limit_MB" in (await r.json())["error"]
+
+
+async def test_a_lone_surrogate_in_code_is_a_400_not_a_500() -> None:
+    """Issue 39 (N10): it was an InternalError (UnicodeEncodeError) from the backend."""
+    server = SandboxServer(FakeSandbox(), token="a")
+    url = f"http://127.0.0.1:{await server.start()}"
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer a"}) as http:
+            for path, raw in [
+                ("/v1/run", b'{"code": "print(\'\\ud800\')"}'),
+                ("/v1/run", b'{"code": "1", "stdin": "\\udfff"}'),
+                ("/auth/a/run_code", b'{"code": "print(\'\\ud800\')"}'),
+            ]:
+                async with http.post(url + path, data=raw) as r:
+                    body = await r.json()
+                    assert r.status == 400 and "lone surrogate" in body["error"], body
+    finally:
+        await server.stop(drain_timeout_s=0)
 
 
 def test_serve_sandbox_help_lists_the_ceilings() -> None:
