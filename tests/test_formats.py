@@ -18,7 +18,7 @@ from agentloop.errors import ToolError
 from agentloop.formats import FAMILIES
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.testing.families import wear_family
-from agentloop.tools import detect_parser, get_parser, resolve_parser, tool
+from agentloop.tools import ToolSchemas, detect_parser, get_parser, resolve_parser, tool
 from agentloop.types import Message, StopReason, Task, Trajectory
 
 
@@ -180,7 +180,9 @@ def test_explicit_parser_wins_and_unknown_template_with_tools_is_an_error(
     ],
 )
 def test_parsers_read_their_format(parser: str, text: str, expected: list[Any]) -> None:
-    calls = get_parser(parser).parse(text)
+    schema = {"properties": {"x": {"type": "integer"}, "s": {"type": "string"}}}
+    tools = ToolSchemas.of([{"name": "a", "parameters": schema}])  # types glm45's bare "1"
+    calls = get_parser(parser).parse(text, tools)
     assert [(c.name, dict(c.arguments)) for c in calls] == expected
     assert all(c.parse_error is None for c in calls)
 

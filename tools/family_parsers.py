@@ -17,8 +17,9 @@ Each parser reads the format its family's documentation gives for assistant tool
 
 Like ``hermes``, a parser never raises and never drops a call: unreadable arguments give a
 ``ToolCall`` with ``parse_error``. Parameter values of the XML formats (``glm45``,
-``qwen3_coder``) are JSON when they parse as JSON, else the raw string (those formats write
-strings unquoted).
+``qwen3_coder``) are bare text: each is typed by its parameter's schema in the ``tools`` the
+parser is given (:class:`~agentloop.tools.arg_types.ToolSchemas`, vLLM's rules), and stays a
+string where no schema names it. The JSON formats keep the types the model wrote.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import re
 from typing import Any
 
 from agentloop.errors import ToolError
+from agentloop.tools.arg_types import NO_TOOLS, ToolSchemas
 from agentloop.tools.parsers import _DECODER, _call_from_object, available_parsers, register_parser
 from agentloop.types import ToolCall
 
@@ -56,21 +58,13 @@ def _args_call(name: str, args_text: str, index: int, raw: str) -> ToolCall:
     return _call_from_object({"name": name, "arguments": args}, index, raw)
 
 
-def _value(text: str) -> Any:
-    """A parameter value of an XML-style format: JSON if it parses, else the string itself."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return text
-
-
 @register_parser("llama3_json")
 class Llama3JsonParser:
     """Llama 3.x JSON tool calls: the whole reply is ``{"name": ..., "parameters": {...}}``
     (``"arguments"`` accepted too), optionally after ``<|python_tag|>``; several calls are
     joined by ``;``. A reply that does not start with ``{`` is a plain answer (no calls)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         body = str(text).strip().removeprefix("<|python_tag|>").strip()
         calls: list[ToolCall] = []
         pos = 0
@@ -106,7 +100,7 @@ class MistralParser:
     """Mistral tool calls: ``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11+), or one
     ``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}`` objects (v3)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         for match in _MISTRAL_V11.finditer(text):
@@ -150,7 +144,7 @@ class HarmonyParser:
     the ``commentary`` channel, ``<|constrain|>json``); its body after ``<|message|>`` up to
     ``<|call|>`` (or the end) is the JSON arguments. Analysis and final messages are not calls."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         for match in _HARMONY_CALL.finditer(text):
@@ -184,7 +178,7 @@ class Glm45Parser:
     pairs, then ``</tool_call>``. A ``<tool_call>`` whose body starts with ``{`` is read as
     hermes-style JSON (GLM-4 writes that too)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         for match in _GLM_CALL.finditer(str(text)):
             body, raw, i = match[1], match[0], len(calls)
@@ -197,7 +191,7 @@ class Glm45Parser:
                 calls.append(_args_call_obj(body, i, raw))
                 continue
             name = body.split("<arg_key>", 1)[0].strip()
-            args = {k.strip(): _value(v) for k, v in _GLM_ARG.findall(body)}
+            args = tools.typed(name, {k.strip(): v for k, v in _GLM_ARG.findall(body)})
             calls.append(_call_from_object({"name": name, "arguments": args}, i, raw))
         return tuple(calls)
 
@@ -221,16 +215,13 @@ class Qwen3CoderParser:
     """Qwen3-Coder XML tool calls: ``<tool_call><function=NAME><parameter=k>v</parameter>…
     </function></tool_call>``; one newline around each value is part of the markup."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         for match in _QC_CALL.finditer(text):
-            args = {k.strip(): _value(v) for k, v in _QC_PARAM.findall(match[2])}
-            calls.append(
-                _call_from_object(
-                    {"name": match[1].strip(), "arguments": args}, len(calls), match[0]
-                )
-            )
+            name = match[1].strip()
+            args = tools.typed(name, {k.strip(): v for k, v in _QC_PARAM.findall(match[2])})
+            calls.append(_call_from_object({"name": name, "arguments": args}, len(calls), match[0]))
         opened = text.count("<tool_call>")
         if opened > len(calls):  # a block that does not read as a call is an error, not dropped
             calls.append(
@@ -255,7 +246,7 @@ class DeepSeekV3Parser:
     ``NAME<｜tool▁sep｜>{json}`` (V3.1) or ``function<｜tool▁sep｜>NAME\\n```json\\n{json}\\n```
     `` (V3, R1-0528)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         pos = text.find(_DS_BEGIN)

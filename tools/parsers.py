@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from agentloop.errors import ToolError, did_you_mean
+from agentloop.tools.arg_types import NO_TOOLS, ToolSchemas
 from agentloop.types import ToolCall
 
 __all__ = [
@@ -26,9 +27,13 @@ class ToolCallParser(Protocol):
     ``parse`` never raises and never drops a call: a call it cannot read becomes a ``ToolCall``
     with ``parse_error`` set (and ``name`` if it could be recovered), which the dispatcher turns
     into an ``invalid_json`` error result for the model.
+
+    ``tools`` are the schemas of the tools the model was shown (as vLLM's parsers get the
+    request's tools): a format that writes values as bare text types each by its parameter's
+    schema (:class:`~agentloop.tools.arg_types.ToolSchemas`); a JSON format ignores them.
     """
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]: ...
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]: ...
 
 
 P = TypeVar("P", bound=Callable[[], ToolCallParser])
@@ -40,7 +45,7 @@ def register_parser(name: str) -> Callable[[P], P]:
 
     @register_parser("my_format")
     class MyParser:
-        def parse(self, text: str) -> tuple[ToolCall, ...]: ...
+        def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]: ...
     """
 
     def decorate(factory: P) -> P:
@@ -154,9 +159,10 @@ class HermesParser:
     The JSON is decoded first (so ``</tool_call>`` inside a string value does not end the block);
     a block whose JSON is broken ends at the next ``</tool_call>``. A ``<tool_call>`` without a
     closing tag (before the next ``<tool_call>`` or the end of the text) is an error call.
+    The arguments are JSON: ``tools`` are not needed to type them.
     """
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         if not isinstance(text, str):
             text = str(text)
         calls: list[ToolCall] = []
