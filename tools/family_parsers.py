@@ -206,29 +206,35 @@ def _args_call_obj(body: str, index: int, raw: str) -> ToolCall:
         )
 
 
-_QC_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>", re.S)
+# <tool_call> may be missing around a call (vLLM reads such a call too); a call is never dropped
+_QC_CALL = re.compile(
+    r"(<tool_call>\s*)?<function=([^>\n]+)>(.*?)</function>(?(1)\s*</tool_call>)", re.S
+)
 _QC_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
 
 @register_parser("qwen3_coder")
 class Qwen3CoderParser:
     """Qwen3-Coder XML tool calls: ``<tool_call><function=NAME><parameter=k>v</parameter>…
-    </function></tool_call>``; one newline around each value is part of the markup."""
+    </function></tool_call>``; one newline around each value is part of the markup. A
+    ``<tool_call>`` or ``<function=`` that does not read as a whole call is an error call."""
 
     def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
+        wrapped = 0
         for match in _QC_CALL.finditer(text):
-            name = match[1].strip()
-            args = tools.typed(name, {k.strip(): v for k, v in _QC_PARAM.findall(match[2])})
+            name, wrapped = match[2].strip(), wrapped + bool(match[1])
+            args = tools.typed(name, {k.strip(): v for k, v in _QC_PARAM.findall(match[3])})
             calls.append(_call_from_object({"name": name, "arguments": args}, len(calls), match[0]))
-        opened = text.count("<tool_call>")
-        if opened > len(calls):  # a block that does not read as a call is an error, not dropped
+        unread = text.count("<tool_call>") > wrapped
+        if unread or text.count("<function=") > len(calls):
+            start = text.rfind("<tool_call>" if unread else "<function=")
             calls.append(
                 ToolCall(
                     name="",
                     id=f"call_{len(calls)}",
-                    raw=text[text.rfind("<tool_call>") :],
+                    raw=text[start:],
                     parse_error="a <tool_call> block is not <function=NAME>"
                     "<parameter=KEY>VALUE</parameter>…</function></tool_call>",
                 )
