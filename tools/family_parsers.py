@@ -30,7 +30,13 @@ from typing import Any
 
 from agentloop.errors import ToolError
 from agentloop.tools.arg_types import NO_TOOLS, ToolSchemas
-from agentloop.tools.parsers import _DECODER, _call_from_object, available_parsers, register_parser
+from agentloop.tools.parsers import (
+    _DECODER,
+    _call_from_object,
+    available_parsers,
+    detect_parser,
+    register_parser,
+)
 from agentloop.types import ToolCall
 
 __all__ = [
@@ -58,7 +64,7 @@ def _args_call(name: str, args_text: str, index: int, raw: str) -> ToolCall:
     return _call_from_object({"name": name, "arguments": args}, index, raw)
 
 
-@register_parser("llama3_json")
+@register_parser("llama3_json", markers=("<|start_header_id|>", "ipython"))
 class Llama3JsonParser:
     """Llama 3.x JSON tool calls: the whole reply is ``{"name": ..., "parameters": {...}}``
     (``"arguments"`` accepted too), optionally after ``<|python_tag|>``; several calls are
@@ -95,7 +101,7 @@ class Llama3JsonParser:
 _MISTRAL_V11 = re.compile(r"\[TOOL_CALLS\]\s*([^\[\]\s{]+)\s*\[ARGS\]")
 
 
-@register_parser("mistral")
+@register_parser("mistral", markers=("[AVAILABLE_TOOLS]",))
 class MistralParser:
     """Mistral tool calls: ``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11+), or one
     ``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}`` objects (v3)."""
@@ -138,7 +144,7 @@ _HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
 _HARMONY_END = re.compile(r"<\|call\|>|<\|end\|>|<\|return\|>|<\|start\|>")
 
 
-@register_parser("harmony")
+@register_parser("harmony", markers=("<|channel|>", "to=functions."))
 class HarmonyParser:
     """gpt-oss (harmony) tool calls: a message whose header has ``to=functions.NAME`` (usually on
     the ``commentary`` channel, ``<|constrain|>json``); its body after ``<|message|>`` up to
@@ -172,7 +178,7 @@ _GLM_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
 
-@register_parser("glm45")
+@register_parser("glm45", markers=("<tool_call>", "<arg_key>"))
 class Glm45Parser:
     """GLM-4.5 tool calls: ``<tool_call>NAME`` then ``<arg_key>k</arg_key><arg_value>v</arg_value>``
     pairs, then ``</tool_call>``. A ``<tool_call>`` whose body starts with ``{`` is read as
@@ -213,7 +219,7 @@ _QC_CALL = re.compile(
 _QC_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
 
-@register_parser("qwen3_coder")
+@register_parser("qwen3_coder", markers=("<tool_call>", "<function=", "<parameter="))
 class Qwen3CoderParser:
     """Qwen3-Coder XML tool calls: ``<tool_call><function=NAME><parameter=k>v</parameter>…
     </function></tool_call>``; one newline around each value is part of the markup. A
@@ -246,7 +252,7 @@ _DS_BEGIN, _DS_SEP, _DS_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>
 _DS_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
-@register_parser("deepseek_v3")
+@register_parser("deepseek_v3", markers=("tool▁call▁begin",))
 class DeepSeekV3Parser:
     """DeepSeek tool calls between ``<｜tool▁call▁begin｜>`` and ``<｜tool▁call▁end｜>``:
     ``NAME<｜tool▁sep｜>{json}`` (V3.1) or ``function<｜tool▁sep｜>NAME\\n```json\\n{json}\\n```
@@ -279,27 +285,6 @@ class DeepSeekV3Parser:
                     calls.append(_args_call(kind.strip(), rest, i, raw))
             pos = text.find(_DS_BEGIN, end) if end >= 0 else -1
         return tuple(calls)
-
-
-# Markers of each format in a chat template, most specific first: several formats reuse
-# <tool_call>, so hermes (the plain JSON-in-<tool_call> format) is tried last.
-_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("harmony", ("<|channel|>", "to=functions.")),
-    ("deepseek_v3", ("tool▁call▁begin",)),
-    ("glm45", ("<arg_key>",)),
-    ("qwen3_coder", ("<function=", "<parameter=")),
-    ("mistral", ("[AVAILABLE_TOOLS]",)),
-    ("llama3_json", ("<|start_header_id|>", "ipython")),
-    ("hermes", ("<tool_call>",)),
-)
-
-
-def detect_parser(chat_template: str) -> str | None:
-    """The parser whose format ``chat_template`` renders (by its markers), or None."""
-    for name, markers in _MARKERS:
-        if all(m in chat_template for m in markers):
-            return name
-    return None
 
 
 def resolve_parser(requested: str, chat_template: str, *, has_tools: bool) -> str:

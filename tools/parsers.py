@@ -15,6 +15,7 @@ __all__ = [
     "HermesParser",
     "ToolCallParser",
     "available_parsers",
+    "detect_parser",
     "get_parser",
     "register_parser",
 ]
@@ -38,14 +39,18 @@ class ToolCallParser(Protocol):
 
 P = TypeVar("P", bound=Callable[[], ToolCallParser])
 _PARSERS: dict[str, Callable[[], ToolCallParser]] = {}
+_MARKERS: dict[str, tuple[str, ...]] = {}  # parser name → what a template of its format contains
 
 
-def register_parser(name: str) -> Callable[[P], P]:
+def register_parser(name: str, *, markers: tuple[str, ...] = ()) -> Callable[[P], P]:
     """Register a parser class (or zero-argument factory) under ``name``::
 
-    @register_parser("my_format")
+    @register_parser("my_format", markers=("<call>",))
     class MyParser:
         def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]: ...
+
+    ``markers`` are strings a chat template of this format contains, all of them: with them,
+    ``rollout.parser=auto`` picks this parser for such a template (:func:`detect_parser`).
     """
 
     def decorate(factory: P) -> P:
@@ -56,9 +61,29 @@ def register_parser(name: str) -> Callable[[P], P]:
                 "choose another name"
             )
         _PARSERS[name] = factory
+        if markers:
+            _MARKERS[name] = tuple(markers)
         return factory
 
     return decorate
+
+
+def detect_parser(chat_template: str) -> str | None:
+    """The parser whose format ``chat_template`` renders, or None: of the parsers whose every
+    declared marker is in the template, the one with the most markers (formats that reuse
+    ``<tool_call>`` declare it and their own tags, so they win over plain hermes). Two such
+    parsers with as many markers are an error naming them: set ``rollout.parser``."""
+    found = [(len(m), n) for n, m in _MARKERS.items() if all(x in chat_template for x in m)]
+    if not found:
+        return None
+    most = max(count for count, _ in found)
+    best = sorted(n for count, n in found if count == most)
+    if len(best) > 1:
+        raise ToolError(
+            f"the chat template has the markers of several tool-call formats: {', '.join(best)}; "
+            "set rollout.parser to the one the model writes"
+        )
+    return best[0]
 
 
 def available_parsers() -> list[str]:
@@ -151,7 +176,7 @@ def _call_from_object(obj: Any, index: int, raw: str) -> ToolCall:
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
 
 
-@register_parser("hermes")
+@register_parser("hermes", markers=("<tool_call>",))
 class HermesParser:
     """Hermes/Qwen format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call.
 
