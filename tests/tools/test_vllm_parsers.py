@@ -254,6 +254,7 @@ LENIENT: dict[str, tuple[str, ...]] = {
 
 
 class Deviation(NamedTuple):
+    name: str
     fmt: str
     text: str
     vllm: list[tuple[str, Any]]  # what vLLM's parser gives
@@ -263,6 +264,7 @@ class Deviation(NamedTuple):
 
 DEVIATIONS = (
     Deviation(
+        "glm-unknown-tool",
         "glm45",
         "<tool_call>web_fetch\n<arg_key>url</arg_key>\n<arg_value>https://x.org</arg_value>\n"
         "</tool_call>",
@@ -273,6 +275,7 @@ DEVIATIONS = (
         "call, and the dispatcher answers it with an unknown_tool error the model sees",
     ),
     Deviation(
+        "glm-json-body",
         "glm45",
         '<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>',
         [],
@@ -281,6 +284,7 @@ DEVIATIONS = (
         "parser takes the JSON for a tool name and drops the call; agentloop reads it",
     ),
     Deviation(
+        "mistral-retyped-json",
         "mistral",
         '[TOOL_CALLS]search[ARGS]{"query": 42, "limit": "7", "exact": 1}',
         [("search", {"query": "42", "limit": 7, "exact": True})],
@@ -291,6 +295,7 @@ DEVIATIONS = (
         "what the model wrote, and the tool's argument check tells the model the type is wrong",
     ),
     Deviation(
+        "llama-call-in-prose",
         "llama3_json",
         'Let me search. {"name": "search", "parameters": {"query": "x"}}',
         [("search", {"query": "x"})],
@@ -301,6 +306,7 @@ DEVIATIONS = (
         "an answer that quotes such a JSON example would run a tool",
     ),
     Deviation(
+        "hermes-string-arguments",
         "hermes",
         '<tool_call>\n{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}\n</tool_call>',
         [("search", '{"query": "x"}')],
@@ -394,7 +400,7 @@ def test_replies_outside_the_layout_read_alike(fmt: str, vllm_tokenizers: dict[s
         assert got == vllm_parse(fmt, text, vllm_tokenizers), text
 
 
-@pytest.mark.parametrize("case", DEVIATIONS, ids=lambda d: f"{d.fmt}-{d.why[:24]}")
+@pytest.mark.parametrize("case", DEVIATIONS, ids=lambda d: d.name)
 def test_where_vllm_departs_from_the_documented_format(
     case: Deviation, vllm_tokenizers: dict[str, Any]
 ) -> None:
