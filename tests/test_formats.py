@@ -18,7 +18,7 @@ from agentloop.errors import ToolError
 from agentloop.formats import FAMILIES
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.testing.families import wear_family
-from agentloop.tools import detect_parser, get_parser, resolve_parser, tool
+from agentloop.tools import ToolSchemas, detect_parser, get_parser, resolve_parser, tool
 from agentloop.types import Message, StopReason, Task, Trajectory
 
 
@@ -180,7 +180,9 @@ def test_explicit_parser_wins_and_unknown_template_with_tools_is_an_error(
     ],
 )
 def test_parsers_read_their_format(parser: str, text: str, expected: list[Any]) -> None:
-    calls = get_parser(parser).parse(text)
+    schema = {"properties": {"x": {"type": "integer"}, "s": {"type": "string"}}}
+    tools = ToolSchemas.of([{"name": "a", "parameters": schema}])  # types glm45's bare "1"
+    calls = get_parser(parser).parse(text, tools)
     assert [(c.name, dict(c.arguments)) for c in calls] == expected
     assert all(c.parse_error is None for c in calls)
 
@@ -227,3 +229,44 @@ def test_agentloop_eval_picks_the_parser_from_a_family_template(
     (model / "tokenizer_config.json").write_text(json.dumps(tok))
     (model / "chat_template.jinja").unlink(missing_ok=True)
     assert main([*args, "--out", str(tmp_path / "bad")]) == 2  # named error, not a default
+
+
+@tool
+def repeat(text: str, times: int) -> str:
+    """Repeat the text.
+
+    Args:
+        text: What to repeat.
+        times: How many times.
+    """
+    return text * times
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        (
+            "glm45",
+            "<tool_call>repeat\n<arg_key>text</arg_key>\n<arg_value>42</arg_value>\n"
+            "<arg_key>times</arg_key>\n<arg_value>2</arg_value>\n</tool_call><|observation|>",
+        ),
+        (
+            "qwen3_coder",
+            "<tool_call>\n<function=repeat>\n<parameter=text>\n42\n</parameter>\n"
+            "<parameter=times>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>",
+        ),
+    ],
+)
+def test_the_rollout_types_xml_values_by_the_tools_schema(
+    name: str, call: str, family_tokenizers: dict[str, Any]
+) -> None:
+    tok = family_tokenizers[name]
+    env = ToolEnv([repeat], boxed_reward, system_prompt="Use tools.")
+    builder = TokenBuilder(tok, tools=env.tool_schemas)
+    engine = FakeEngine([call, EPISODES[name][1]], tokenizer=tok)
+    traj = asyncio.run(
+        rollout(env, engine, builder, Task("t", {"prompt": "2+2?"}), RolloutConfig())
+    )
+    # typed by repeat's schema: the bare 42 stays the string "42" (issue 41), 2 is the int 2
+    assert [dict(c.arguments) for c in traj.messages[2].tool_calls] == [{"text": "42", "times": 2}]
+    assert traj.turns[0].tool_errors == 0 and traj.messages[3].content == "4242"

@@ -25,7 +25,7 @@ PUBLIC = {
     },
     "agentloop.tools": {
         "HermesParser", "Tool", "ToolCallParser", "ToolContext", "ToolErrorKind", "ToolOutput",
-        "ToolResult", "ToolSession", "Toolset", "available_parsers", "detect_parser",
+        "ToolResult", "ToolSchemas", "ToolSession", "Toolset", "available_parsers", "detect_parser",
         "get_parser", "register_parser", "resolve_parser", "tool", "truncate_to_tokens",
     },
     "agentloop.envs": {

@@ -1,5 +1,6 @@
 """Tools for agents: ``@tool``, schemas, tool-call parsers, per-episode sessions and dispatch."""
 
+from agentloop.tools.arg_types import ToolSchemas
 from agentloop.tools.context import ToolContext
 from agentloop.tools.family_parsers import detect_parser, resolve_parser
 from agentloop.tools.parsers import (
@@ -21,6 +22,7 @@ __all__ = [
     "ToolErrorKind",
     "ToolOutput",
     "ToolResult",
+    "ToolSchemas",
     "ToolSession",
     "Toolset",
     "available_parsers",

@@ -17,8 +17,9 @@ Each parser reads the format its family's documentation gives for assistant tool
 
 Like ``hermes``, a parser never raises and never drops a call: unreadable arguments give a
 ``ToolCall`` with ``parse_error``. Parameter values of the XML formats (``glm45``,
-``qwen3_coder``) are JSON when they parse as JSON, else the raw string (those formats write
-strings unquoted).
+``qwen3_coder``) are bare text: each is typed by its parameter's schema in the ``tools`` the
+parser is given (:class:`~agentloop.tools.arg_types.ToolSchemas`, vLLM's rules), and stays a
+string where no schema names it. The JSON formats keep the types the model wrote.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ import re
 from typing import Any
 
 from agentloop.errors import ToolError
-from agentloop.tools.parsers import _DECODER, _call_from_object, available_parsers, register_parser
+from agentloop.tools.arg_types import NO_TOOLS, ToolSchemas
+from agentloop.tools.parsers import (
+    _DECODER,
+    _call_from_object,
+    available_parsers,
+    detect_parser,
+    register_parser,
+)
 from agentloop.types import ToolCall
 
 __all__ = [
@@ -56,21 +64,13 @@ def _args_call(name: str, args_text: str, index: int, raw: str) -> ToolCall:
     return _call_from_object({"name": name, "arguments": args}, index, raw)
 
 
-def _value(text: str) -> Any:
-    """A parameter value of an XML-style format: JSON if it parses, else the string itself."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return text
-
-
-@register_parser("llama3_json")
+@register_parser("llama3_json", markers=("<|start_header_id|>", "ipython"))
 class Llama3JsonParser:
     """Llama 3.x JSON tool calls: the whole reply is ``{"name": ..., "parameters": {...}}``
     (``"arguments"`` accepted too), optionally after ``<|python_tag|>``; several calls are
     joined by ``;``. A reply that does not start with ``{`` is a plain answer (no calls)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         body = str(text).strip().removeprefix("<|python_tag|>").strip()
         calls: list[ToolCall] = []
         pos = 0
@@ -101,12 +101,12 @@ class Llama3JsonParser:
 _MISTRAL_V11 = re.compile(r"\[TOOL_CALLS\]\s*([^\[\]\s{]+)\s*\[ARGS\]")
 
 
-@register_parser("mistral")
+@register_parser("mistral", markers=("[AVAILABLE_TOOLS]",))
 class MistralParser:
     """Mistral tool calls: ``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11+), or one
     ``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}`` objects (v3)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         for match in _MISTRAL_V11.finditer(text):
@@ -144,13 +144,13 @@ _HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
 _HARMONY_END = re.compile(r"<\|call\|>|<\|end\|>|<\|return\|>|<\|start\|>")
 
 
-@register_parser("harmony")
+@register_parser("harmony", markers=("<|channel|>", "to=functions."))
 class HarmonyParser:
     """gpt-oss (harmony) tool calls: a message whose header has ``to=functions.NAME`` (usually on
     the ``commentary`` channel, ``<|constrain|>json``); its body after ``<|message|>`` up to
     ``<|call|>`` (or the end) is the JSON arguments. Analysis and final messages are not calls."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         for match in _HARMONY_CALL.finditer(text):
@@ -178,13 +178,13 @@ _GLM_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
 
-@register_parser("glm45")
+@register_parser("glm45", markers=("<tool_call>", "<arg_key>"))
 class Glm45Parser:
     """GLM-4.5 tool calls: ``<tool_call>NAME`` then ``<arg_key>k</arg_key><arg_value>v</arg_value>``
     pairs, then ``</tool_call>``. A ``<tool_call>`` whose body starts with ``{`` is read as
     hermes-style JSON (GLM-4 writes that too)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         for match in _GLM_CALL.finditer(str(text)):
             body, raw, i = match[1], match[0], len(calls)
@@ -197,7 +197,7 @@ class Glm45Parser:
                 calls.append(_args_call_obj(body, i, raw))
                 continue
             name = body.split("<arg_key>", 1)[0].strip()
-            args = {k.strip(): _value(v) for k, v in _GLM_ARG.findall(body)}
+            args = tools.typed(name, {k.strip(): v for k, v in _GLM_ARG.findall(body)})
             calls.append(_call_from_object({"name": name, "arguments": args}, i, raw))
         return tuple(calls)
 
@@ -212,32 +212,35 @@ def _args_call_obj(body: str, index: int, raw: str) -> ToolCall:
         )
 
 
-_QC_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>", re.S)
+# <tool_call> may be missing around a call (vLLM reads such a call too); a call is never dropped
+_QC_CALL = re.compile(
+    r"(<tool_call>\s*)?<function=([^>\n]+)>(.*?)</function>(?(1)\s*</tool_call>)", re.S
+)
 _QC_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
 
-@register_parser("qwen3_coder")
+@register_parser("qwen3_coder", markers=("<tool_call>", "<function=", "<parameter="))
 class Qwen3CoderParser:
     """Qwen3-Coder XML tool calls: ``<tool_call><function=NAME><parameter=k>v</parameter>…
-    </function></tool_call>``; one newline around each value is part of the markup."""
+    </function></tool_call>``; one newline around each value is part of the markup. A
+    ``<tool_call>`` or ``<function=`` that does not read as a whole call is an error call."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
+        wrapped = 0
         for match in _QC_CALL.finditer(text):
-            args = {k.strip(): _value(v) for k, v in _QC_PARAM.findall(match[2])}
-            calls.append(
-                _call_from_object(
-                    {"name": match[1].strip(), "arguments": args}, len(calls), match[0]
-                )
-            )
-        opened = text.count("<tool_call>")
-        if opened > len(calls):  # a block that does not read as a call is an error, not dropped
+            name, wrapped = match[2].strip(), wrapped + bool(match[1])
+            args = tools.typed(name, {k.strip(): v for k, v in _QC_PARAM.findall(match[3])})
+            calls.append(_call_from_object({"name": name, "arguments": args}, len(calls), match[0]))
+        unread = text.count("<tool_call>") > wrapped
+        if unread or text.count("<function=") > len(calls):
+            start = text.rfind("<tool_call>" if unread else "<function=")
             calls.append(
                 ToolCall(
                     name="",
                     id=f"call_{len(calls)}",
-                    raw=text[text.rfind("<tool_call>") :],
+                    raw=text[start:],
                     parse_error="a <tool_call> block is not <function=NAME>"
                     "<parameter=KEY>VALUE</parameter>…</function></tool_call>",
                 )
@@ -249,13 +252,13 @@ _DS_BEGIN, _DS_SEP, _DS_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>
 _DS_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
-@register_parser("deepseek_v3")
+@register_parser("deepseek_v3", markers=("tool▁call▁begin",))
 class DeepSeekV3Parser:
     """DeepSeek tool calls between ``<｜tool▁call▁begin｜>`` and ``<｜tool▁call▁end｜>``:
     ``NAME<｜tool▁sep｜>{json}`` (V3.1) or ``function<｜tool▁sep｜>NAME\\n```json\\n{json}\\n```
     `` (V3, R1-0528)."""
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         text = str(text)
         calls: list[ToolCall] = []
         pos = text.find(_DS_BEGIN)
@@ -282,27 +285,6 @@ class DeepSeekV3Parser:
                     calls.append(_args_call(kind.strip(), rest, i, raw))
             pos = text.find(_DS_BEGIN, end) if end >= 0 else -1
         return tuple(calls)
-
-
-# Markers of each format in a chat template, most specific first: several formats reuse
-# <tool_call>, so hermes (the plain JSON-in-<tool_call> format) is tried last.
-_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("harmony", ("<|channel|>", "to=functions.")),
-    ("deepseek_v3", ("tool▁call▁begin",)),
-    ("glm45", ("<arg_key>",)),
-    ("qwen3_coder", ("<function=", "<parameter=")),
-    ("mistral", ("[AVAILABLE_TOOLS]",)),
-    ("llama3_json", ("<|start_header_id|>", "ipython")),
-    ("hermes", ("<tool_call>",)),
-)
-
-
-def detect_parser(chat_template: str) -> str | None:
-    """The parser whose format ``chat_template`` renders (by its markers), or None."""
-    for name, markers in _MARKERS:
-        if all(m in chat_template for m in markers):
-            return name
-    return None
 
 
 def resolve_parser(requested: str, chat_template: str, *, has_tools: bool) -> str:

@@ -8,12 +8,14 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from agentloop.errors import ToolError, did_you_mean
+from agentloop.tools.arg_types import NO_TOOLS, ToolSchemas
 from agentloop.types import ToolCall
 
 __all__ = [
     "HermesParser",
     "ToolCallParser",
     "available_parsers",
+    "detect_parser",
     "get_parser",
     "register_parser",
 ]
@@ -26,21 +28,29 @@ class ToolCallParser(Protocol):
     ``parse`` never raises and never drops a call: a call it cannot read becomes a ``ToolCall``
     with ``parse_error`` set (and ``name`` if it could be recovered), which the dispatcher turns
     into an ``invalid_json`` error result for the model.
+
+    ``tools`` are the schemas of the tools the model was shown (as vLLM's parsers get the
+    request's tools): a format that writes values as bare text types each by its parameter's
+    schema (:class:`~agentloop.tools.arg_types.ToolSchemas`); a JSON format ignores them.
     """
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]: ...
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]: ...
 
 
 P = TypeVar("P", bound=Callable[[], ToolCallParser])
 _PARSERS: dict[str, Callable[[], ToolCallParser]] = {}
+_MARKERS: dict[str, tuple[str, ...]] = {}  # parser name → what a template of its format contains
 
 
-def register_parser(name: str) -> Callable[[P], P]:
+def register_parser(name: str, *, markers: tuple[str, ...] = ()) -> Callable[[P], P]:
     """Register a parser class (or zero-argument factory) under ``name``::
 
-    @register_parser("my_format")
+    @register_parser("my_format", markers=("<call>",))
     class MyParser:
-        def parse(self, text: str) -> tuple[ToolCall, ...]: ...
+        def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]: ...
+
+    ``markers`` are strings a chat template of this format contains, all of them: with them,
+    ``rollout.parser=auto`` picks this parser for such a template (:func:`detect_parser`).
     """
 
     def decorate(factory: P) -> P:
@@ -51,9 +61,29 @@ def register_parser(name: str) -> Callable[[P], P]:
                 "choose another name"
             )
         _PARSERS[name] = factory
+        if markers:
+            _MARKERS[name] = tuple(markers)
         return factory
 
     return decorate
+
+
+def detect_parser(chat_template: str) -> str | None:
+    """The parser whose format ``chat_template`` renders, or None: of the parsers whose every
+    declared marker is in the template, the one with the most markers (formats that reuse
+    ``<tool_call>`` declare it and their own tags, so they win over plain hermes). Two such
+    parsers with as many markers are an error naming them: set ``rollout.parser``."""
+    found = [(len(m), n) for n, m in _MARKERS.items() if all(x in chat_template for x in m)]
+    if not found:
+        return None
+    most = max(count for count, _ in found)
+    best = sorted(n for count, n in found if count == most)
+    if len(best) > 1:
+        raise ToolError(
+            f"the chat template has the markers of several tool-call formats: {', '.join(best)}; "
+            "set rollout.parser to the one the model writes"
+        )
+    return best[0]
 
 
 def available_parsers() -> list[str]:
@@ -146,7 +176,7 @@ def _call_from_object(obj: Any, index: int, raw: str) -> ToolCall:
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
 
 
-@register_parser("hermes")
+@register_parser("hermes", markers=("<tool_call>",))
 class HermesParser:
     """Hermes/Qwen format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call.
 
@@ -154,9 +184,10 @@ class HermesParser:
     The JSON is decoded first (so ``</tool_call>`` inside a string value does not end the block);
     a block whose JSON is broken ends at the next ``</tool_call>``. A ``<tool_call>`` without a
     closing tag (before the next ``<tool_call>`` or the end of the text) is an error call.
+    The arguments are JSON: ``tools`` are not needed to type them.
     """
 
-    def parse(self, text: str) -> tuple[ToolCall, ...]:
+    def parse(self, text: str, tools: ToolSchemas = NO_TOOLS) -> tuple[ToolCall, ...]:
         if not isinstance(text, str):
             text = str(text)
         calls: list[ToolCall] = []

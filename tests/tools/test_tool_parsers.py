@@ -197,3 +197,25 @@ def test_well_formed_calls_round_trip(
     parsed = parser.parse(gap + text + gap)
     assert [(c.name, dict(c.arguments)) for c in parsed] == calls
     assert all(c.parse_error is None for c in parsed)
+
+
+def test_detection_markers_are_declared_with_the_parser() -> None:
+    from agentloop.tools import detect_parser
+
+    @register_parser("test-marked", markers=("<zz_call>", "<zz_args>"))
+    class Marked:
+        def parse(self, text: str, tools: Any = None) -> tuple[ToolCall, ...]:
+            return ()
+
+    assert detect_parser("... <zz_call> ... <zz_args> ...") == "test-marked"
+    assert detect_parser("... <zz_call> only ...") is None  # every marker must be there
+    # GLM's template holds <tool_call> too: the parser with more markers wins, in no hidden order
+    assert detect_parser("<tool_call>{name}<arg_key>k</arg_key>") == "glm45"
+    assert detect_parser("<tool_call>{...}</tool_call>") == "hermes"
+
+    @register_parser("test-rival", markers=("<zz_call>", "<zz_other>"))
+    class Rival(Marked):
+        pass
+
+    with pytest.raises(ToolError, match=r"several tool-call formats: test-marked, test-rival"):
+        detect_parser("<zz_call><zz_args><zz_other>")
