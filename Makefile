@@ -7,8 +7,8 @@ UV := $(VENV)/bin/uv pip
 STAMP := $(VENV)/.installed
 # Debian packages the real components need: bubblewrap + libseccomp2 (local sandbox and its
 # syscall filter), podman + runc (a Docker Engine API for the docker sandbox backend), chromium
-# (the viewer's browser test).
-APT_PACKAGES := bubblewrap libseccomp2 util-linux podman runc chromium
+# (the viewer's browser test), nodejs (npm: openai_harmony's vocabulary for the harmony parser test).
+APT_PACKAGES := bubblewrap libseccomp2 util-linux podman runc chromium nodejs
 
 .PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck docs unit clean
 
