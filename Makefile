@@ -12,7 +12,7 @@ APT_PACKAGES := bubblewrap libseccomp2 util-linux podman runc chromium nodejs
 
 .PHONY: setup sysdeps demo test test-fast test-integration test-e2e lint typecheck docs unit clean
 
-setup: $(STAMP) sysdeps
+setup: sysdeps $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
