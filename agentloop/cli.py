@@ -127,7 +127,7 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add_http_args(parser)
 
 
-def _named_model(path: str | None) -> str | None:
+def _named_model(path: str) -> str:
     """``--model``: a model built here by name (tiny, tiny-calc, tiny-vlm) as its directory."""
     from agentloop.models import MODEL_NAMES, resolve_model_path
 
@@ -138,8 +138,8 @@ def _cmd_serve_proxy(args: argparse.Namespace) -> int:
     import asyncio
 
     from agentloop.proxy.episode import EpisodeLimits
-    from agentloop.proxy.serve import ServeProxyConfig, serve_proxy
     from agentloop.sandboxes.http_limits import http_limits_from_args
+    from agentloop.serve_proxy import ServeProxyConfig, serve_proxy
 
     limits = EpisodeLimits(args.max_turns, args.max_prompt_len, args.max_response_len)
     config = ServeProxyConfig(
