@@ -42,9 +42,9 @@ def _add_make_tiny_model(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     if args.vision:
-        from agentloop.testing.tiny_vlm import make_tiny_vlm as make
+        from agentloop.models.tiny_vlm import make_tiny_vlm as make
     else:
-        from agentloop.testing.tiny import make_tiny_model as make
+        from agentloop.models.tiny import make_tiny_model as make
 
     out = make(args.dir, seed=args.seed, dtype=args.dtype)
     print(f"tiny {'VLM' if args.vision else 'model'} written to {out}")
@@ -111,7 +111,7 @@ def _cmd_serve_search(args: argparse.Namespace) -> int:
 
 def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--model", required=True, help="local model directory (tokenizer and chat template)")
+    add("--model", required=True, help="local model directory, or tiny, tiny-calc, tiny-vlm")
     add("--served-model", default="agentloop", help="the model name clients ask for")
     add("--engine", choices=("auto", "vllm", "hf", "openai"), default="auto", help="as in eval")
     add("--base-url", help="API root of the OpenAI-compatible server behind (--engine openai)")
@@ -127,16 +127,23 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add_http_args(parser)
 
 
+def _named_model(path: str) -> str:
+    """``--model``: a model built here by name (tiny, tiny-calc, tiny-vlm) as its directory."""
+    from agentloop.models import MODEL_NAMES, resolve_model_path
+
+    return str(resolve_model_path(path)) if path in MODEL_NAMES else path
+
+
 def _cmd_serve_proxy(args: argparse.Namespace) -> int:
     import asyncio
 
     from agentloop.proxy.episode import EpisodeLimits
-    from agentloop.proxy.serve import ServeProxyConfig, serve_proxy
     from agentloop.sandboxes.http_limits import http_limits_from_args
+    from agentloop.serve_proxy import ServeProxyConfig, serve_proxy
 
     limits = EpisodeLimits(args.max_turns, args.max_prompt_len, args.max_response_len)
     config = ServeProxyConfig(
-        model=args.model,
+        model=_named_model(args.model),
         served_model=args.served_model,
         engine=args.engine,
         base_url=args.base_url,
@@ -172,7 +179,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from agentloop.trainers.demo import load_demo_configs, run_demo
+    from agentloop.models.demo import load_demo_configs, run_demo
 
     result = run_demo(load_demo_configs(args.overrides, args.recipe, args.config))
     return 0 if result.passed else 1
@@ -181,7 +188,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _add_eval(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--env", help="registered env id, e.g. agentloop/Calc-v0")
-    add("--model", help="local model directory (its tokenizer and chat template are used)")
+    add("--model", help="local model directory (tokenizer, template), or tiny, tiny-calc, tiny-vlm")
     add("--out", help="run directory for trajectories.jsonl, config.json, summary.json")
     add("--n", type=int, default=8, help="samples per task (default: 8)")
     add("--num-tasks", type=int, default=None, help="first N tasks of the split (default: all)")
@@ -301,7 +308,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     rollout = RolloutConfig(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
     config = EvalConfig(
         env=args.env,
-        model=args.model,
+        model=_named_model(args.model),
         out=Path(args.out),
         n=args.n,
         num_tasks=args.num_tasks,
@@ -388,16 +395,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     path = Path(args.config)
     if not path.exists() and example_config(args.config).is_file():
         path = example_config(args.config)
-    cfg = load_config(TrainConfig, path, args.overrides)
+    cfg = load_config(TrainConfig, path, args.overrides)  # names the model; builds nothing
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         # the sizes as YAML comments: the whole output stays a config that loads back
         print("\n".join(f"# {line}" for line in batch_sizes(cfg).describe().splitlines()))
         print("".join(f"# notice: {notice}\n" for notice in cfg.notices()), end="")
         return 0
+    from agentloop.models import resolve_model
     from agentloop.trainers.grpo import train
 
-    result = train(cfg)
+    result = train(resolve_model(cfg))
     print(f"done at step {result.last_step}: metrics in {result.out_dir / 'metrics.jsonl'}")
     return 0
 
@@ -420,9 +428,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0
+    from agentloop.models import resolve_model
     from agentloop.trainers.sft import sft_main
 
-    return sft_main(cfg)
+    return sft_main(resolve_model(cfg))
 
 
 def _add_make_calc_traces(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
 from agentloop.envs import Env, make
-from agentloop.envs.agent_env import AgentEnv
 from agentloop.errors import ConfigError
 from agentloop.rollout import RolloutConfig, check_builder, rollout_episode
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup
@@ -142,16 +141,16 @@ async def play_one(
 ) -> list[Trajectory]:
     """One episode of ``task``, sample ``index`` of a batch seeded ``seed`` (:func:`rollout`),
     with anything that escapes it (env construction, template errors) recorded as an
-    ``env_error`` trajectory instead of failing the whole batch. An :class:`AgentEnv` is played
-    by its agent through the proxy: one trajectory per segment; under ``thinking=strip`` an
-    episode is one trajectory per turn."""
+    ``env_error`` trajectory instead of failing the whole batch. An env whose episodes an
+    agent program plays (``env.agent_program()``) is played through the proxy: one trajectory
+    per segment; under ``thinking=strip`` an episode is one trajectory per turn."""
     try:
         env, episode_seed = factory(), stable_seed(seed, task.id, index)
-        if isinstance(env, AgentEnv):
-            from agentloop.proxy.agent import agent_rollout
+        if (program := env.agent_program()) is not None:
+            from agentloop.proxy.agent import agent_rollout  # aiohttp: only for agent programs
 
             return await agent_rollout(
-                env, engine, builder, task, config, sample_index=index, seed=episode_seed
+                program, engine, builder, task, config, sample_index=index, seed=episode_seed
             )
         return await rollout_episode(
             env, engine, builder, task, config, sample_index=index, seed=episode_seed

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from agentloop.errors import ConfigError, did_you_mean
 
@@ -185,9 +184,9 @@ def check_containers() -> Check:
 
 def check_tiny_model() -> Check:
     """The tiny model of the demo and ``model.path=tiny`` is built, or can be."""
-    from agentloop.testing.tiny import DEFAULT_CACHE_DIR, ENV_VAR
+    from agentloop.cache import cache_dir
 
-    target = Path(os.environ.get(ENV_VAR) or DEFAULT_CACHE_DIR).expanduser()
+    target = cache_dir()
     if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
         return Check("tiny-model", True, f"built at {target}", required=False)
     out, why = _import_version("tokenizers")

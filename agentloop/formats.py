@@ -17,11 +17,61 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentloop.testing.tiny import CHAT_TEMPLATE as TINY_TEMPLATE
-
-__all__ = ["FAMILIES", "Family", "family"]
+__all__ = ["FAMILIES", "HERMES_TEMPLATE", "Family", "family"]
 
 _SYS_DEFAULT = "You are a helpful assistant."
+
+# ChatML with Hermes-style tools. Every literal newline lives inside a string so the
+# whitespace-control flags of whoever renders it cannot change the output.
+#: agentloop's ChatML + Hermes-tools template: the hermes family's, and the tiny model's own.
+HERMES_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is iterable and content is not mapping -%}"
+    "{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if messages and messages[0].role == 'system' -%}"
+    "{%- set system_text = text(messages[0].content) -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set system_text = 'You are a helpful assistant.' -%}{%- set rest = messages -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>system\\n' + system_text -}}"
+    "{%- if tools -%}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call the functions listed below to help with the "
+    "request.\\n\\nTheir signatures are given inside <tools></tools> tags:\\n<tools>' -}}"
+    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object holding its name and "
+    "arguments inside <tool_call></tool_call> tags, like this:\\n<tool_call>\\n"
+    '{"name": <function-name>, "arguments": <arguments-json-object>}\\n</tool_call>\' -}}'
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- for m in rest -%}"
+    "{%- if m.role == 'user' or m.role == 'system' -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- set content = text(m.content) -%}"
+    "{{- '<|im_start|>assistant\\n' + content -}}"
+    "{%- for call in (m.tool_calls or []) -%}"
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": ' + (fn.name | tojson) + ', \"arguments\": ' -}}"
+    "{%- if fn.arguments is string -%}{{- fn.arguments -}}"
+    "{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- raise_exception('unknown message role: ' + m.role) -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 
 # Every literal newline lives inside a string, so whitespace control cannot change the output.
 _LLAMA3 = (
@@ -313,7 +363,7 @@ FAMILIES: dict[str, Family] = {
             "hermes",
             "Qwen2.5, Qwen2.5-Coder, Hermes 2/3 (the tiny model's own template)",
             "hermes",
-            TINY_TEMPLATE,  # real Qwen2.5 templates work as they are (prefix-stable)
+            HERMES_TEMPLATE,  # real Qwen2.5 templates work as they are (prefix-stable)
             _CHATML_TOKENS,
             ("<|im_end|>",),
             True,

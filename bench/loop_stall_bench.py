@@ -23,8 +23,8 @@ from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
 from agentloop.engines.fake import FakeEngine
 from agentloop.envs import ToolEnv
+from agentloop.models.tiny import tiny_model_dir
 from agentloop.rollout import RolloutConfig
-from agentloop.testing.tiny import tiny_model_dir
 from agentloop.tools import tool, truncate_to_tokens
 from agentloop.types import Message, Task
 

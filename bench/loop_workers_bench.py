@@ -59,7 +59,7 @@ def parts() -> tuple[TokenBuilder, FakeEngine]:
     TURNS - 1 turns, then an answer."""
     from transformers import AutoTokenizer
 
-    from agentloop.testing.tiny import tiny_model_dir
+    from agentloop.models.tiny import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     builder = TokenBuilder(tokenizer, tools=[lookup.schema])

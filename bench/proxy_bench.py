@@ -26,9 +26,9 @@ from transformers import AutoTokenizer
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.fake import FakeEngine
+from agentloop.models.tiny import tiny_model_dir
 from agentloop.proxy import AgentProxy, EpisodeLimits
 from agentloop.testing.calc_agent import CALC_TOOLS
-from agentloop.testing.tiny import tiny_model_dir
 from agentloop.types import Message
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'

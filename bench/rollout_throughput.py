@@ -2,7 +2,7 @@
 
 The agent loop (``collect``: chat template, tool-call parsing, the sandboxed ``python`` tool,
 observation tokens, one request per turn) plays ``--tasks`` × ``--n`` Calc episodes with the tiny
-model taught to call the tool (``agentloop.testing.calc_caller``): call the tool, read its output,
+model taught to call the tool (``agentloop.models.calc_caller``): call the tool, read its output,
 answer. The ceiling is vLLM alone: one ``AsyncLLM.generate`` request per episode, all submitted at
 once, each sampling exactly as many tokens as that episode sampled in all its turns
 (``ignore_eos``), from the episode's prompt, with the same sampling settings (temperature, top-p,
@@ -316,7 +316,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # building the tool-calling model may initialise CUDA here: a forked engine core could not
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    from agentloop.testing.calc_caller import calc_caller_model_dir
+    from agentloop.models.calc_caller import calc_caller_model_dir
 
     result = asyncio.run(bench(args, calc_caller_model_dir()))
     print(f"\n{'':34}{'tokens':>8}{'tokens/s':>11}")

@@ -6,7 +6,7 @@
 
 For each server (``agentloop serve-search`` on the SearchQA BM25 index, ``agentloop
 serve-sandbox --backend local`` running ``print(1)``, ``agentloop serve-proxy --engine hf`` on
-the tiny model of :mod:`agentloop.testing.tiny` answering a chat completion of at most 4
+the tiny model of :mod:`agentloop.models.tiny` answering a chat completion of at most 4
 tokens, each request its own episode), started as users start it, on loopback:
 
 1. *baseline*: ``--requests`` normal requests, ``--concurrency`` in flight (one keep-alive
@@ -301,7 +301,7 @@ def _targets(names: Sequence[str], workdir: Path) -> dict[str, Target]:
         ),
     }
     if "proxy" in names:  # generates the tiny model on first use (cached on disk)
-        from agentloop.testing.tiny import tiny_model_dir
+        from agentloop.models.tiny import tiny_model_dir
 
         chat = {"model": "agentloop", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
         targets["proxy"] = Target(

@@ -21,7 +21,7 @@ import sys
 _ONE = """
 import asyncio, time
 from agentloop.engines.vllm import VLLMEngine
-from agentloop.testing.tiny import tiny_model_dir
+from agentloop.models.tiny import tiny_model_dir
 
 async def main():
     engine = VLLMEngine.create(tiny_model_dir(), dtype="float32", max_model_len=512,

@@ -40,7 +40,7 @@ _ONE = """
 import asyncio, json, sys, time
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.vllm import VLLMEngine
-from agentloop.testing.tiny import tiny_model_dir
+from agentloop.models.tiny import tiny_model_dir
 
 async def main(settings, prompts, tokens):
     engine = VLLMEngine.create(tiny_model_dir(), max_model_len=1024, **settings)

@@ -1,6 +1,6 @@
 """Environments: the async env contract, registry, gymnasium adapter, ToolEnv and reference envs."""
 
-from agentloop.envs.base import AnswerHook, Env, StepResult
+from agentloop.envs.base import AgentProgram, AnswerHook, Env, StepResult
 from agentloop.envs.calc import CalcEnv, calc_reward, make_calc_task
 from agentloop.envs.chat_user import ChatUser, ChatUserConfig
 from agentloop.envs.gym_adapter import GymnasiumEnv
@@ -18,6 +18,7 @@ from agentloop.envs.tool_env import ToolEnv
 from agentloop.envs.user_sim import EngineUser, ScriptedUser, UserSimEnv, UserSimulator
 
 __all__ = [
+    "AgentProgram",
     "AnswerHook",
     "CalcEnv",
     "ChatUser",

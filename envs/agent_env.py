@@ -2,9 +2,10 @@
 
 The agent is any ``async def agent(task, client) -> answer`` written against the official
 ``openai`` SDK; ``client`` is an ``openai.AsyncOpenAI`` pointed at agentloop's proxy, which
-records every request token-exactly (``agentloop.proxy``). ``agentloop.collect`` (and so
-``agentloop eval`` and ``agentloop train``) plays an AgentEnv by running the agent instead of
-the step loop; the tasks and, by default, the reward come from another registered env::
+records every request token-exactly (``agentloop.proxy``). An AgentEnv is its own
+:class:`~agentloop.envs.base.AgentProgram`: ``agentloop.collect`` (and so ``agentloop eval`` and
+``agentloop train``) plays it by running the agent instead of the step loop;
+the tasks and, by default, the reward come from another registered env::
 
     agentloop eval --env agentloop/Agent-v0 --env-arg agent=my_pkg.my_agent:solve ...
 """
@@ -15,7 +16,7 @@ import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from agentloop.envs.base import AnswerHook, Env, StepResult
+from agentloop.envs.base import AgentProgram, AnswerHook, Env, StepResult
 from agentloop.envs.registry import make
 from agentloop.errors import EnvError
 from agentloop.types import Message, Task
@@ -107,6 +108,9 @@ class AgentEnv(Env):
 
     def answer_hook(self) -> AnswerHook | None:
         return self._hook
+
+    def agent_program(self) -> AgentProgram:
+        return self
 
     async def reset(
         self, *, seed: int | None = None, options: Mapping[str, Any] | None = None

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentloop.errors import EnvError
 from agentloop.tools import ToolResult
 from agentloop.types import Message, Task
 
-__all__ = ["AnswerHook", "Env", "StepResult"]
+__all__ = ["AgentProgram", "AnswerHook", "Env", "StepResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,29 @@ class AnswerHook:
     normalize: Callable[[str], str] = lambda s: " ".join(s.split())
 
 
+class AgentProgram(Protocol):
+    """An episode that an agent program plays by itself, through an OpenAI-compatible client,
+    instead of the loop's ``reset``/``step`` calls (what :meth:`Env.agent_program` returns).
+
+    The loop plays it with ``agentloop.proxy``: the client it hands to ``await agent(task,
+    client)`` talks to a loopback proxy in front of the engine, which renders, samples and records
+    every request token-exactly; the agent's final answer is scored with ``score(task, answer)``.
+    ``max_turns``, ``max_tokens`` (after the first prompt) and ``timeout_s`` are the program's own
+    ceilings (None: the rollout config's alone; the smaller wins); ``model`` is the name the
+    client must ask for; ``close()`` ends the episode's resources.
+    """
+
+    agent: Callable[[Task, Any], Awaitable[str | None]]
+    model: str
+    max_turns: int | None
+    max_tokens: int | None
+    timeout_s: float | None
+
+    def score(self, task: Task, answer: str | None) -> float: ...
+
+    async def close(self) -> None: ...
+
+
 class Env(abc.ABC):
     """One episode at a time, asynchronously — gymnasium's contract with chat messages.
 
@@ -67,6 +90,8 @@ class Env(abc.ABC):
     - ``tasks(split, limit)`` lists the env's dataset, for training and offline evaluation.
     - ``answer_hook()`` says how to read the final answer for majority voting (None: the env
       has no comparable answers; ``agentloop eval`` then reports rewards only).
+    - ``agent_program()``: an env whose episodes an agent program plays (:class:`AgentProgram`)
+      returns it, and the loop plays that instead of calling ``reset``/``step``; default: None.
 
     An env instance plays one episode at a time; the rollout makes one instance per episode.
     """
@@ -99,4 +124,9 @@ class Env(abc.ABC):
 
     def answer_hook(self) -> AnswerHook | None:
         """How to read this env's final answers (majority voting); default: None."""
+        return None
+
+    def agent_program(self) -> AgentProgram | None:
+        """The agent program that plays this env's episodes, if one does; default: None (the
+        loop plays the episode with ``reset``/``step``)."""
         return None

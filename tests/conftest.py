@@ -105,7 +105,7 @@ def no_vllm_left_behind() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny Qwen2 model + tokenizer, generated locally (cached across runs)."""
-    from agentloop.testing.tiny import tiny_model_dir as build
+    from agentloop.models.tiny import tiny_model_dir as build
 
     return build()
 
@@ -160,7 +160,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 @pytest.fixture(scope="session")
 def calc_caller_dir(tiny_model_dir: Path) -> Path:
     """The tiny model taught to call Calc's python tool (built once, cached on disk)."""
-    from agentloop.testing.calc_caller import calc_caller_model_dir
+    from agentloop.models.calc_caller import calc_caller_model_dir
 
     return calc_caller_model_dir(base=tiny_model_dir)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentloop.trainers.demo import DemoConfigs, DemoResult, load_demo_configs, run_demo
+from agentloop.models.demo import DemoConfigs, DemoResult, load_demo_configs, run_demo
 
 __all__ = ["SHORT_STEPS", "DemoRun", "run_short_demo"]
 

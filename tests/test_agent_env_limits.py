@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -14,6 +15,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.fake import FakeEngine
+from agentloop.envs import AgentProgram, Env
 from agentloop.rollout import RolloutConfig
 from agentloop.testing.calc_agent import calc_agent
 from agentloop.types import StopReason, Task, Trajectory
@@ -112,3 +114,50 @@ async def test_an_agent_that_raises_is_an_env_error_and_siblings_continue(
         assert t.stop_reason is StopReason.ENV_ERROR and t.failed
         assert t.error == "the agent raised RuntimeError: the agent broke"
         assert t.token_ids == () and t.reward == 0.0
+
+
+@dataclass
+class _Program:
+    """An :class:`AgentProgram` that is no AgentEnv: what the loop reads is the protocol."""
+
+    agent: Any = calc_agent
+    model: str = "agentloop"
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    timeout_s: float | None = None
+    closed: int = 0
+
+    def score(self, task: Task, answer: str | None) -> float:
+        return float(answer is not None and "\\boxed{7}" in answer)
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+class _ProgramEnv(Env):
+    def __init__(self, program: _Program) -> None:
+        self.program = program
+
+    def agent_program(self) -> AgentProgram:
+        return self.program
+
+    async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        raise AssertionError("an agent program's episode is not stepped")
+
+    async def step(self, action: Any) -> Any:
+        raise AssertionError("an agent program's episode is not stepped")
+
+
+async def test_any_env_that_declares_an_agent_program_is_played_through_the_proxy(
+    tokenizer: Any,
+) -> None:
+    program = _Program()
+    groups = await collect(
+        TASKS[:1], lambda: _ProgramEnv(program), _engine(tokenizer), TokenBuilder(tokenizer),
+        config=RolloutConfig(max_turns=4), group_size=2,
+    )  # fmt: skip
+    [group] = groups
+    assert len(group.trajectories) == 2 and program.closed == 2
+    for t in group.trajectories:
+        assert t.stop_reason is StopReason.DONE and t.reward == 1.0, t.error
+        assert len(t.turns) == 2 and t.num_trained_tokens > 0  # the tool call, then the answer

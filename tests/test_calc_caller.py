@@ -13,7 +13,7 @@ import torch
 from agentloop.chat import TokenBuilder
 from agentloop.envs import make
 from agentloop.errors import ConfigError
-from agentloop.testing.calc_caller import CALC_ENV, TeachConfig, calc_demonstrations, teach
+from agentloop.models.calc_caller import CALC_ENV, TeachConfig, calc_demonstrations, teach
 
 
 @pytest.mark.integration  # the Calc env's python tool runs in the real sandbox

@@ -29,11 +29,11 @@ PUBLIC = {
         "get_parser", "register_parser", "resolve_parser", "tool", "truncate_to_tokens",
     },
     "agentloop.envs": {
-        "AnswerHook", "CalcEnv", "ChatUser", "ChatUserConfig", "EngineUser", "Env", "EnvSpec",
-        "GymnasiumEnv", "Reward", "RewardFn", "ScriptedUser", "StepResult", "ToolEnv",
-        "UserSimEnv", "UserSimulator", "calc_reward", "exact_match", "extract_boxed", "f1_score",
-        "make", "make_calc_task", "math_equal", "normalize_answer", "register", "registered",
-        "spec",
+        "AgentProgram", "AnswerHook", "CalcEnv", "ChatUser", "ChatUserConfig", "EngineUser",
+        "Env", "EnvSpec", "GymnasiumEnv", "Reward", "RewardFn", "ScriptedUser", "StepResult",
+        "ToolEnv", "UserSimEnv", "UserSimulator", "calc_reward", "exact_match", "extract_boxed",
+        "f1_score", "make", "make_calc_task", "math_equal", "normalize_answer", "register",
+        "registered", "spec",
     },
     "agentloop.sandboxes": {
         "ExecResult", "FakeSandbox", "LANGUAGES", "Sandbox", "SandboxFactory", "SandboxLimits",

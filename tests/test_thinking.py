@@ -17,8 +17,8 @@ from agentloop.collect import collect
 from agentloop.engines.fake import FakeEngine
 from agentloop.envs import ToolEnv
 from agentloop.errors import ConfigError, TemplateError
+from agentloop.models.tiny import CHAT_TEMPLATE
 from agentloop.rollout import RolloutConfig, rollout
-from agentloop.testing.tiny import CHAT_TEMPLATE
 from agentloop.tools import tool
 from agentloop.types import StopReason, Task, Trajectory, TrajectoryGroup, Turn
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentloop.testing import tiny
+from agentloop.models import tiny
 
 VENV_BIN = Path(sys.executable).parent
 TOOLS = [

@@ -45,15 +45,13 @@ __all__ = [
     "config_to_yaml",
     "example_config",
     "load_config",
-    "resolve_model_path",
+    "local_model_dir",
 ]
 
 T = TypeVar("T")
 PLACEMENTS = ("local", "ray")
 MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
-#: ``model.path`` names of the models built here on first use (:func:`resolve_model_path`).
-MODEL_NAMES = ("tiny", "tiny-calc", "tiny-vlm")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
 GROUP_ESTIMATORS = ("grpo", "rloo", "turn_rloo")
@@ -72,9 +70,10 @@ class ModelConfig:
 
     path: str = "tiny"
     """A local HF model directory (``config.json``, safetensors, tokenizer), or a model built
-    here on first use and cached: ``tiny`` (the random tiny model: every Calc reward is 0) or
-    ``tiny-calc`` (the tiny model after the demo's cold-start SFT, which solves some Calc tasks).
-    Nothing is downloaded from a hub."""
+    here on first use and cached: ``tiny`` (the random tiny model: every Calc reward is 0),
+    ``tiny-calc`` (the tiny model after the demo's cold-start SFT, which solves some Calc tasks)
+    or ``tiny-vlm``. A name is resolved by the entry points (``agentloop.models``), not when the
+    config is read. Nothing is downloaded from a hub."""
 
 
 @dataclass(frozen=True)
@@ -840,33 +839,12 @@ def check_engine_serves(cfg: TrainConfig, model_dir: Path) -> None:
         )
 
 
-def resolve_model_path(path: str) -> Path:
-    """A model built here by name (:data:`MODEL_NAMES`; built on first use, then cached), else
-    a local model directory.
-
-    - ``tiny``: the random tiny model (:func:`agentloop.testing.tiny.tiny_model_dir`); it never
-      solves a Calc task, so it exercises the pipeline but cannot learn;
-    - ``tiny-calc``: the tiny model after the demo's cold-start SFT
-      (:func:`agentloop.trainers.tiny_calc.tiny_calc_model_dir`; ``agentloop demo`` leaves it
-      behind): it solves some Calc tasks, so GRPO's groups have rewards to learn from;
-    - ``tiny-vlm``: the random tiny Qwen2.5-VL-shaped model
-      (:func:`agentloop.testing.tiny_vlm.tiny_vlm_dir`), for vision-language runs on a CPU.
-    """
-    if path == "tiny":
-        from agentloop.testing.tiny import tiny_model_dir
-
-        return tiny_model_dir()
-    if path == "tiny-vlm":
-        from agentloop.testing.tiny_vlm import tiny_vlm_dir
-
-        return tiny_vlm_dir()
-    if path == "tiny-calc":
-        from agentloop.trainers.tiny_calc import tiny_calc_model_dir
-
-        return tiny_calc_model_dir()
+def local_model_dir(path: str) -> Path:
+    """``model.path`` as the local model directory the trainers load (names are resolved above)."""
     if not Path(path).is_dir():
         raise ConfigError(
-            f"model.path={path!r} is not a directory; pass a local HF model dir, or one of the "
-            f"models built here: {', '.join(MODEL_NAMES)}"
+            f"model.path={path!r} is not a directory; pass a local HF model dir (a named model "
+            "such as tiny or tiny-calc is built by agentloop train/sft/demo, or in Python by "
+            "agentloop.models.resolve_model(cfg))"
         )
     return Path(path).resolve()

@@ -44,7 +44,7 @@ from agentloop.trainers.config import (
     batch_sizes,
     check_engine_serves,
     config_to_yaml,
-    resolve_model_path,
+    local_model_dir,
 )
 from agentloop.trainers.data import PromptSampler, write_step_groups
 from agentloop.trainers.group import WorkerGroup, open_worker_group
@@ -136,8 +136,7 @@ async def train_async(
     env = env_of()
     if cfg.rollout.tool_io().uses_live_tools:  # a replay needs no tool service
         await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
-    # after the cheap checks: a named model (tiny-calc) may be built here, minutes of CPU work
-    model_dir = await asyncio.to_thread(resolve_model_path, cfg.model.path)
+    model_dir = local_model_dir(cfg.model.path)  # a named model was resolved by the entry point
     check_engine_serves(cfg, model_dir)
     vision = vision_of(model_dir)  # a vision-language model's images expand to its tokens
     tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)

@@ -25,7 +25,7 @@ from agentloop.errors import ConfigError
 from agentloop.trainers.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from agentloop.trainers.config import (
     config_to_yaml,
-    resolve_model_path,
+    local_model_dir,
 )
 from agentloop.trainers.dist import all_reduce_sum
 from agentloop.trainers.packing import TrainSeq, dp_partition
@@ -193,7 +193,7 @@ def _describe(data: _Data, plan: _Plan, cfg: SFTConfig, world: int) -> str:
 def run_sft(cfg: SFTConfig) -> SFTResult:
     """Run the SFT recipe ``cfg`` (collective under torchrun); see the module docstring."""
     out = Path(cfg.trainer.out_dir)
-    model_dir = resolve_model_path(cfg.model.path)
+    model_dir = local_model_dir(cfg.model.path)
     data = _tokenize(cfg, model_dir)
     worker = PolicyWorker(model_dir, cfg.actor)
     if cfg.trainer.batch_size % worker.world_size:

@@ -151,7 +151,7 @@ class VLLMConfig:
         if not Path(self.model).is_dir():
             raise ConfigError(
                 f"vllm.model={self.model!r} is not a directory; pass a local model directory "
-                "(config.json + safetensors), e.g. agentloop.testing.tiny.tiny_model_dir()"
+                "(config.json + safetensors), e.g. agentloop.models.tiny.tiny_model_dir()"
             )
         check_settings(self, "vllm")
 

@@ -1,4 +1,4 @@
-"""Play one AgentEnv episode: run the agent against an in-process proxy, return its segments."""
+"""Play one agent program's episode: run it against an in-process proxy, return its segments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine
-from agentloop.envs.agent_env import AgentEnv
+from agentloop.envs.base import AgentProgram
 from agentloop.proxy.episode import EpisodeLimits, EpisodeSampling
 from agentloop.proxy.server import AgentProxy
 from agentloop.rollout import RolloutConfig
@@ -53,16 +53,18 @@ async def shared_proxy(
             await entry.proxy.stop()
 
 
-def _limits(env: AgentEnv, config: RolloutConfig) -> EpisodeLimits:
+def _limits(program: AgentProgram, config: RolloutConfig) -> EpisodeLimits:
     return EpisodeLimits(
-        max_turns=min(config.max_turns, env.max_turns or config.max_turns),
+        max_turns=min(config.max_turns, program.max_turns or config.max_turns),
         max_prompt_len=config.max_prompt_len,
-        max_response_len=min(config.max_response_len, env.max_tokens or config.max_response_len),
+        max_response_len=min(
+            config.max_response_len, program.max_tokens or config.max_response_len
+        ),
     )
 
 
 async def agent_rollout(
-    env: AgentEnv,
+    program: AgentProgram,
     engine: Engine,
     builder: TokenBuilder,
     task: Task,
@@ -71,38 +73,38 @@ async def agent_rollout(
     sample_index: int = 0,
     seed: int | None = None,
 ) -> list[Trajectory]:
-    """Run ``env.agent`` on ``task`` and return the episode's trajectories, one per segment
+    """Run ``program.agent`` on ``task`` and return the episode's trajectories, one per segment
     (one unless the agent rewrote its history). Like :func:`agentloop.rollout.rollout` it never
     raises for the episode's failures: an agent exception, a limit or the deadline end the
     episode with a stop reason; sampling follows ``config`` whatever the agent asks."""
-    timeout = min(config.timeout_s, env.timeout_s or config.timeout_s)
+    timeout = min(config.timeout_s, program.timeout_s or config.timeout_s)
     sampling = EpisodeSampling(config.temperature, config.top_p, config.top_k, seed, fixed=True)
     reason, error, answer = StopReason.DONE, None, None
-    async with shared_proxy(engine, builder, env.model) as proxy:
+    async with shared_proxy(engine, builder, program.model) as proxy:
         episode = proxy.open_episode(
             f"{task.id}#{sample_index}-{uuid.uuid4().hex[:12]}",
             builder=builder,
-            limits=_limits(env, config),
+            limits=_limits(program, config),
             sampling=sampling,
             parser=config.parser,
         )
         client = proxy.client(episode, timeout=timeout)
         try:
             async with asyncio.timeout(timeout):
-                answer = await env.agent(task, client)
+                answer = await program.agent(task, client)
         except TimeoutError:
             reason, error = StopReason.TIMEOUT, f"the agent ran past timeout_s={timeout}"
         except Exception as exc:  # the agent's failure is this episode's data
             reason, error = StopReason.ENV_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
         finally:  # the client's connection pool is the proxy's: nothing to close
             proxy.close_episode(episode.id)
-            await env.close()
+            await program.close()
     if episode.limit_hit is not None and reason is not StopReason.TIMEOUT:
         reason = episode.limit_hit  # the agent hit a ceiling (and perhaps raised on it)
     reward = 0.0
     if not reason.is_error:
         try:
-            reward = env.score(task, answer if isinstance(answer, str) else None)
+            reward = program.score(task, answer if isinstance(answer, str) else None)
         except Exception as exc:
             reason, error = StopReason.ENV_ERROR, f"reward raised {type(exc).__name__}: {exc}"
     return episode.trajectories(

@@ -1,1 +1,1 @@
-"""Test helpers that ship with the library: the tiny local model."""
+"""Test helpers (no library module imports them): an example agent program, tiny variants."""

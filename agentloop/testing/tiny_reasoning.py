@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from agentloop.testing.tiny import CHAT_TEMPLATE
+from agentloop.models.tiny import CHAT_TEMPLATE
 
 __all__ = ["REASONING_TEMPLATE", "wear_reasoning_template"]
 

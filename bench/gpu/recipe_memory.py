@@ -235,7 +235,7 @@ def make_model(size: str, dest: Path, tokenizer: Path) -> None:
     """The random model dir, built in a child process: this one never holds a CUDA context,
     which nvidia-smi would count in every sample."""
     if not (tokenizer / "tokenizer.json").is_file():
-        from agentloop.testing.tiny import make_tiny_model
+        from agentloop.models.tiny import make_tiny_model
 
         tokenizer = make_tiny_model(dest.parent / "tiny-qwen2")
     child = multiprocessing.get_context("spawn").Process(

@@ -15,7 +15,7 @@ import pytest
 from short_demo import DemoRun
 
 from agentloop.eval_report import read_run
-from agentloop.trainers.demo_report import RESULT_FILE
+from agentloop.models.demo_report import RESULT_FILE
 
 SHORT_MIN_GAIN = 0.05
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from agentloop.models.demo import RECIPE_DIR, load_demo_configs
 from agentloop.trainers.config import example_config, load_config
-from agentloop.trainers.demo import RECIPE_DIR, load_demo_configs
 from agentloop.trainers.sft import SFTConfig
 
 
@@ -37,7 +37,7 @@ def test_a_config_file_layers_over_the_recipe(
     overrides override the file, and a base model shape other than the tiny model's points SFT
     at that model (the shipped GPU overlay: 768 x 12)."""
     from agentloop.errors import ConfigError
-    from agentloop.testing.tiny import ENV_VAR
+    from agentloop.models.tiny import ENV_VAR
 
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "tiny"))
     gpu = load_demo_configs(["grpo.trainer.total_steps=3"], config=RECIPE_DIR / "gpu.yaml")

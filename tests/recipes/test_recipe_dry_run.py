@@ -90,7 +90,7 @@ def test_gpu_recipe_dry_run(
     data: Path = request.getfixturevalue(f"{recipe}_data")
     model = tiny_model_dir
     if recipe == "deepeyes":
-        from agentloop.testing.tiny_vlm import tiny_vlm_dir
+        from agentloop.models.tiny_vlm import tiny_vlm_dir
 
         model = tiny_vlm_dir()
     case = _case(recipe, name, model, data)

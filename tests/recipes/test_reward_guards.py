@@ -17,7 +17,7 @@ import pytest
 from recipe_helpers import Case, math_expression, passages, play, policies, recipe_config
 
 from agentloop.chat import TokenBuilder
-from agentloop.trainers.demo import load_demo_configs
+from agentloop.models.demo import load_demo_configs
 
 DEGENERATE = ("tool_spam", "echo_question", "echo_plain", "empty_answer")
 
@@ -54,7 +54,7 @@ def _cases(tiny: Path, vlm: Path, retool: Path, search: Path, deepeyes: Path) ->
 def cases(
     tiny_model_dir: Path, retool_data: Path, search_r1_data: Path, deepeyes_data: Path
 ) -> dict[str, Case]:
-    from agentloop.testing.tiny_vlm import tiny_vlm_dir
+    from agentloop.models.tiny_vlm import tiny_vlm_dir
 
     return _cases(tiny_model_dir, tiny_vlm_dir(), retool_data, search_r1_data, deepeyes_data)
 

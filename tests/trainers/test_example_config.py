@@ -22,9 +22,9 @@ from short_demo import DemoRun
 
 from agentloop.eval_report import SUMMARY_FILE, EvalSummary
 from agentloop.io import read_jsonl
+from agentloop.models.tiny_calc import tiny_calc_dir
 from agentloop.trainers.config import TrainConfig, example_config, load_config
 from agentloop.trainers.metrics import read_metrics
-from agentloop.trainers.tiny_calc import tiny_calc_dir
 
 STEPS = 1
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentloop.testing.tiny import ENV_VAR, tiny_model_dir
-from agentloop.trainers.config import resolve_model_path
-from agentloop.trainers.demo import load_demo_configs
-from agentloop.trainers.tiny_calc import _key, publish_tiny_calc
+from agentloop.models import resolve_model_path
+from agentloop.models.demo import load_demo_configs
+from agentloop.models.tiny import ENV_VAR, tiny_model_dir
+from agentloop.models.tiny_calc import _key, publish_tiny_calc
 
 
 @pytest.fixture

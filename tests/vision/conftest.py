@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_vlm_dir() -> Path:
-    from agentloop.testing.tiny_vlm import tiny_vlm_dir as build
+    from agentloop.models.tiny_vlm import tiny_vlm_dir as build
 
     return build()
 

@@ -11,7 +11,7 @@ from PIL import Image
 from agentloop.chat import TokenBuilder
 from agentloop.errors import TemplateError, TrajectoryError
 from agentloop.io import trajectory_from_dict, trajectory_to_dict
-from agentloop.testing.tiny import CHAT_TEMPLATE
+from agentloop.models.tiny import CHAT_TEMPLATE
 from agentloop.types import Message, StopReason, Trajectory
 from agentloop.vision import check_image_placeholders, image_spans, truncate_with_images
 

@@ -1,6 +1,6 @@
 """Generate a tiny Qwen2.5-VL model, tokenizer and image processor locally, for VLM tests.
 
-Built the same way as the tiny text model (:mod:`agentloop.testing.tiny`): the same byte-level
+Built the same way as the tiny text model (:mod:`agentloop.models.tiny`): the same byte-level
 BPE with the five Qwen-VL vision tokens added at the end of the vocabulary, a randomly initialised
 ``Qwen2_5_VLForConditionalGeneration`` (text tower: head_dim 64, the tiny model's shape; vision
 tower: 2 blocks), and a ``Qwen2VLImageProcessor`` config with a small pixel budget so images cost
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.errors import ConfigError
-from agentloop.testing.tiny import (
+from agentloop.models.tiny import (
     CHAT_TEMPLATE,
     TOKEN_IDS,
     _save_tokenizer,
@@ -111,7 +111,7 @@ def make_tiny_vlm(
 ) -> Path:
     """Build the tiny VLM + tokenizer + image processor into ``out_dir`` and return it.
 
-    Deterministic like :func:`~agentloop.testing.tiny.make_tiny_model`; the vision tokens are
+    Deterministic like :func:`~agentloop.models.tiny.make_tiny_model`; the vision tokens are
     the last five ids of the vocabulary.
     """
     from transformers import Qwen2_5_VLForConditionalGeneration

@@ -20,7 +20,7 @@ from agentloop.eval_report import (
 from agentloop.trainers.metrics import read_metrics
 
 if TYPE_CHECKING:
-    from agentloop.trainers.demo import DemoConfigs, DemoResult
+    from agentloop.models.demo import DemoConfigs, DemoResult
     from agentloop.trainers.sft import SFTResult
 
 __all__ = [
@@ -127,7 +127,7 @@ def finish(
     configs: DemoConfigs, sft: SFTResult, seconds: dict[str, float], started: float, console: Any
 ) -> DemoResult:
     """Compare, plot, view, and print the final report; write ``demo_result.json``."""
-    from agentloop.trainers.demo import DemoResult
+    from agentloop.models.demo import DemoResult
     from agentloop.viewer import write_view
 
     out = Path(configs.demo.out_dir)

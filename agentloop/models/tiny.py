@@ -16,13 +16,14 @@ import functools
 import json
 import os
 import random
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentloop.cache import DEFAULT_CACHE_DIR, ENV_VAR, cached_build
+from agentloop.cache import cache_dir as agentloop_cache_dir
 from agentloop.errors import ConfigError
+from agentloop.formats import HERMES_TEMPLATE as CHAT_TEMPLATE
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -50,8 +51,6 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 #: Fixed ids: the trainer reserves the first ids for these, in this order.
 TOKEN_IDS = {token: i for i, token in enumerate(SPECIAL_TOKENS + ADDED_TOKENS)}
-ENV_VAR = "AGENTLOOP_TINY_MODEL"
-DEFAULT_CACHE_DIR = Path("~/.cache/agentloop/tiny-qwen2-v1")
 #: ``(hidden_size, num_layers)`` of the tiny model (3.4M parameters); :func:`make_tiny_model`
 #: builds others with the same tokenizer and head_dim.
 TINY_SHAPE = (256, 4)
@@ -62,57 +61,6 @@ _CORPUS_SEED = 1234  # the tokenizer does not depend on the model seed
 QWEN2_SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-# ChatML with Hermes-style tools. Every literal newline lives inside a string so the
-# whitespace-control flags of whoever renders it cannot change the output.
-CHAT_TEMPLATE = (
-    "{%- macro text(content) -%}"
-    "{%- if content is string -%}{{- content -}}"
-    "{%- elif content is iterable and content is not mapping -%}"
-    "{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{%- endmacro -%}"
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{%- set system_text = text(messages[0].content) -%}{%- set rest = messages[1:] -%}"
-    "{%- else -%}"
-    "{%- set system_text = 'You are a helpful assistant.' -%}{%- set rest = messages -%}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>system\\n' + system_text -}}"
-    "{%- if tools -%}"
-    "{{- '\\n\\n# Tools\\n\\nYou may call the functions listed below to help with the "
-    "request.\\n\\nTheir signatures are given inside <tools></tools> tags:\\n<tools>' -}}"
-    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
-    "{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object holding its name and "
-    "arguments inside <tool_call></tool_call> tags, like this:\\n<tool_call>\\n"
-    '{"name": <function-name>, "arguments": <arguments-json-object>}\\n</tool_call>\' -}}'
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- for m in rest -%}"
-    "{%- if m.role == 'user' or m.role == 'system' -%}"
-    "{{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'assistant' -%}"
-    "{%- set content = text(m.content) -%}"
-    "{{- '<|im_start|>assistant\\n' + content -}}"
-    "{%- for call in (m.tool_calls or []) -%}"
-    "{%- set fn = call.function if call.function is defined else call -%}"
-    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": ' + (fn.name | tojson) + ', \"arguments\": ' -}}"
-    "{%- if fn.arguments is string -%}{{- fn.arguments -}}"
-    "{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'tool' -%}"
-    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}"
-    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- else -%}"
-    "{{- raise_exception('unknown message role: ' + m.role) -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 _WORD_TEXT = (
@@ -395,26 +343,7 @@ def tiny_model_path(
     num_layers: int = TINY_SHAPE[1],
 ) -> Path:
     """Where :func:`tiny_model_dir` keeps the model of this shape (built there or not)."""
-    target = Path(cache_dir or os.environ.get(ENV_VAR) or DEFAULT_CACHE_DIR).expanduser()
+    target = agentloop_cache_dir(cache_dir)
     if (hidden_size, num_layers) == TINY_SHAPE:
         return target
     return target.with_name(f"{target.name}-{hidden_size}x{num_layers}")
-
-
-def cached_build(target: Path, build: Callable[[Path], Any]) -> Path:
-    """``target`` once it holds ``model.safetensors``, else ``build(tmp)`` renamed into place."""
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-        try:
-            os.rename(tmp, target)  # atomic; replaces only a missing or empty directory
-        except OSError:
-            if not (target / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

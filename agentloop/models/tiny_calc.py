@@ -21,7 +21,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from agentloop.trainers.demo import DemoConfigs, load_demo_configs, make_demo_traces
+from agentloop.cache import cached_build
+from agentloop.models.demo_config import DemoConfigs, load_demo_configs, make_demo_traces
+from agentloop.models.tiny import tiny_model_dir
 
 __all__ = ["publish_tiny_calc", "tiny_calc_dir", "tiny_calc_model_dir"]
 
@@ -33,8 +35,6 @@ _DEMO_IGNORED = ("out_dir", "trace_sandbox", "threads", "min_gain", "hidden_size
 
 
 def _key(configs: DemoConfigs) -> str:
-    from agentloop.testing.tiny import tiny_model_dir
-
     demo = {k: v for k, v in dataclasses.asdict(configs.demo).items() if k not in _DEMO_IGNORED}
     sft = dataclasses.asdict(configs.sft)
     sft["data"].pop("train")
@@ -47,8 +47,6 @@ def _key(configs: DemoConfigs) -> str:
 
 def tiny_calc_dir(configs: DemoConfigs) -> Path:
     """Where the cold start of ``configs`` is cached (whether or not it is there yet)."""
-    from agentloop.testing.tiny import tiny_model_dir
-
     base = tiny_model_dir()
     return base.parent / f"{base.name}-calc-sft-{_key(configs)}"
 
@@ -61,8 +59,6 @@ def _copy_model(src: Path, dst: Path) -> None:
 
 def tiny_calc_model_dir() -> Path:
     """The cached model dir of the shipped recipe's cold start, built on first use."""
-    from agentloop.testing.tiny import cached_build
-
     with tempfile.TemporaryDirectory() as tmp:  # the key ignores paths; any out_dir will do
         configs = load_demo_configs([f"demo.out_dir={tmp}", "demo.trace_sandbox=fake"])
         target = tiny_calc_dir(configs)
@@ -78,12 +74,13 @@ def tiny_calc_model_dir() -> Path:
 def _build(configs: DemoConfigs, out: Path) -> None:
     import torch
 
+    from agentloop.models.names import resolve_model
     from agentloop.trainers.sft import run_sft
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(configs.demo.seed)  # as run_demo seeds its stages
         make_demo_traces(configs.demo, Path(configs.sft.data.train))
-        result = run_sft(configs.sft)
+        result = run_sft(resolve_model(configs.sft))
     assert result.export_dir is not None, "the demo's sft.yaml exports its model"
     _copy_model(result.export_dir, out)
 
@@ -91,8 +88,6 @@ def _build(configs: DemoConfigs, out: Path) -> None:
 def publish_tiny_calc(configs: DemoConfigs, export_dir: Path) -> Path | None:
     """Copy the demo's SFT model into the ``tiny-calc`` cache when ``configs`` would build
     exactly it (the shipped recipe's settings); return where, or ``None`` if they differ."""
-    from agentloop.testing.tiny import cached_build
-
     with tempfile.TemporaryDirectory() as tmp:
         shipped = load_demo_configs([f"demo.out_dir={tmp}"])
     if _key(configs) != _key(shipped):

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentloop.cache import cached_build
 from agentloop.chat import TokenBuilder
 from agentloop.errors import ConfigError
-from agentloop.testing.tiny import cached_build, tiny_model_dir
+from agentloop.models.tiny import tiny_model_dir
 from agentloop.types import Trajectory
 
 __all__ = ["CALC_ENV", "TeachConfig", "calc_caller_model_dir", "calc_demonstrations", "teach"]

