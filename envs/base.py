@@ -9,7 +9,7 @@ from typing import Any
 
 from agentloop.errors import EnvError
 from agentloop.tools import ToolResult
-from agentloop.types import Message, Task
+from agentloop.types import Message, Task, Verdict
 
 __all__ = ["AnswerHook", "Env", "StepResult"]
 
@@ -33,6 +33,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     tool_results: tuple[ToolResult, ...] = field(default=(), kw_only=True)
     metrics: Mapping[str, float] = field(default_factory=dict, kw_only=True)
+    verdict: Verdict | None = field(default=None, kw_only=True)
 
     def __iter__(self) -> Iterator[Any]:
         """Gymnasium's 5 fields, so ``obs, reward, terminated, truncated, info = result`` works."""
