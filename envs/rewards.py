@@ -68,6 +68,8 @@ _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,3})?$")
 #: Longer strings are not read as numbers here (``Fraction`` of a huge literal is slow, and
 #: Python refuses int strings over 4,300 digits); the symbolic verifier gets them.
 _MAX_NUMBER_CHARS = 100
+_SPACED_DIGITS = re.compile(r"\d\s+\d")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")  # commas only as 1,234,567.5
 
 
 def to_number(text: str) -> Fraction | None:
@@ -75,7 +77,10 @@ def to_number(text: str) -> Fraction | None:
     ``1e3``), or None when it is not a plain number (or is over 100 characters)."""
     if len(text) > _MAX_NUMBER_CHARS:
         return None
-    s = text.strip().strip("$").replace(",", "").replace(" ", "").rstrip(".")
+    s = text.strip().strip("$").rstrip(".")
+    if _SPACED_DIGITS.search(s) or ("," in s and not _THOUSANDS.search(s)):
+        return None  # "1 234", "1, 2, 3", "1,23": a list or a typo, not a number
+    s = s.replace(",", "").replace(" ", "")
     s = s.removeprefix("\\text{").removesuffix("}") if s.startswith("\\text{") else s
     frac = re.fullmatch(r"\\d?frac\{([^{}]+)\}\{([^{}]+)\}", s)
     if frac:
