@@ -70,7 +70,7 @@ def check_extraction(value: str, env_id: str) -> Extraction:
             f"{env_id} answer_extraction={value!r} is unknown; use 'boxed' (the env's own "
             "\\boxed{} answer) or 'verifier' (math-verify's extraction from the whole reply)"
         )
-    return value  # type: ignore[return-value]  # checked just above
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ the parent enforces the deadline. Protocol: one JSON request per stdin line
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -60,10 +61,8 @@ def grade(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     _die_with_parent()
-    try:
+    with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
-    except (ValueError, OSError):
-        pass
     out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     sys.stdout = sys.stderr  # nothing a library prints can corrupt the replies
     logging.disable(logging.WARNING)  # math-verify warns that its timeouts are off

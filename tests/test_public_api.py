@@ -32,8 +32,8 @@ PUBLIC = {
         "AnswerHook", "CalcEnv", "ChatUser", "ChatUserConfig", "EngineUser", "Env", "EnvSpec",
         "GymnasiumEnv", "Reward", "RewardFn", "ScriptedUser", "StepResult", "ToolEnv",
         "UserSimEnv", "UserSimulator", "calc_reward", "exact_match", "extract_boxed", "f1_score",
-        "grade_math", "make", "make_calc_task", "math_equal", "normalize_answer", "register", "registered",
-        "spec",
+        "grade_math", "make", "make_calc_task", "math_equal", "normalize_answer", "register",
+        "registered", "spec",
     },
     "agentloop.sandboxes": {
         "ExecResult", "FakeSandbox", "LANGUAGES", "Sandbox", "SandboxFactory", "SandboxLimits",

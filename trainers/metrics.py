@@ -57,9 +57,9 @@ def _mean(values: Sequence[float]) -> float:
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     """``rollout/*``: reward, accuracy (the ``correct``/``acc`` reward metric, where the env
     reports one), response length, turns, tool calls and errors, the share of episodes that
-    called a tool at all, the mean reward per turn position, stop reasons; ``reward/grader_timeouts``
-    and ``reward/grader_errors`` (math grading: episodes whose check ran past its deadline or
-    failed, scored wrong) where the env reports them."""
+    called a tool at all, the mean reward per turn position, stop reasons;
+    ``reward/grader_timeouts`` and ``reward/grader_errors`` (math grading: episodes whose check
+    ran past its deadline or failed, scored wrong) where the env reports them."""
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {"rollout/episodes": 0.0}

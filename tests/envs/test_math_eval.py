@@ -87,4 +87,5 @@ def test_the_five_pairs_score_one_through_agentloop_eval(
     payload = re.search(r'<script type="application/json" id="agentloop-data">(.*?)</script>', html)
     assert payload is not None and "function renderVerdict" in html
     shown = {t["task_id"]: t["verdict"] for t in json.loads(payload.group(1))["trajectories"]}
-    assert shown["m0"] == sqrt and shown["m4"]["answer"] == ("7" if extraction == "verifier" else None)
+    assert shown["m0"] == sqrt
+    assert shown["m4"]["answer"] == ("7" if extraction == "verifier" else None)

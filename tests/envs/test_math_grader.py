@@ -117,8 +117,10 @@ async def test_a_power_tower_is_a_counted_timeout_and_the_loop_stays_responsive(
 
 def test_grader_timeouts_reach_the_trainers_metrics() -> None:
     def traj(i: int, timeout: float) -> Trajectory:
-        return Trajectory("t", (1, 2), (0, 1), (0.0, -1.0), 1, 0.0, StopReason.DONE,
-                          metrics={"correct": 0.0, "grader_timeout": timeout}, sample_index=i)  # fmt: skip
+        metrics = {"correct": 0.0, "grader_timeout": timeout}
+        ids, mask, logprobs = (1, 2), (0, 1), (0.0, -1.0)
+        return Trajectory("t", ids, mask, logprobs, 1, 0.0, StopReason.DONE, metrics=metrics,
+                          sample_index=i)  # fmt: skip
 
     group = TrajectoryGroup(Task("t"), (traj(0, 1.0), traj(1, 0.0), traj(2, 1.0)))
     assert rollout_metrics([group])["reward/grader_timeouts"] == 2.0
