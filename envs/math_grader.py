@@ -1,5 +1,6 @@
-"""Math grading as the field does it: an exact numeric check first, math-verify behind it, run in
-worker processes with a deadline that kills a runaway check, never on the event loop.
+"""Math grading as the field does it: an exact numeric check, then math-verify off the loop.
+
+Checks run in worker processes with a deadline that kills a runaway one, never on the loop.
 
 :func:`grade_math` decides plain numbers itself (``1,234`` = ``1234.0``, ``\\frac{1}{2}`` =
 ``0.5``; two different integers are wrong without asking anyone: Calc's answers never reach the

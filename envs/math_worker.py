@@ -18,6 +18,8 @@ import resource
 import sys
 from typing import Any
 
+__all__ = ["MEMORY_LIMIT_BYTES", "grade", "main"]
+
 #: An address-space ceiling: a runaway expansion fails with MemoryError instead of taking the
 #: machine's memory while the parent's deadline runs.
 MEMORY_LIMIT_BYTES = 4 << 30

@@ -144,3 +144,27 @@ def test_the_extraction_setting_is_checked() -> None:
         make("agentloop/MathTool-v0", sandbox="fake", answer_extraction="box")
     with pytest.raises(EnvError, match="grader_timeout_s must be > 0"):
         make("agentloop/Calc-v0", sandbox="fake", grader_timeout_s=0)
+
+
+async def test_deepeyes_numeric_answers_go_to_math_verify_and_choices_stay_rules() -> None:
+    from agentloop.envs.deepeyes import deepeyes_reward
+
+    def task(gold: str) -> Task:
+        return Task("t", {"prompt": "p", "answer": gold, "image": "x.png"})
+
+    def reply(text: str) -> list[Message]:
+        return [Message("assistant", f"<think>look</think><answer>{text}</answer>")]
+
+    power = await deepeyes_reward(task("8"), reply("2^{3}"))
+    assert power.metrics["correct"] == 1.0 and power.verdict is not None
+    assert power.verdict.by == "math-verify"
+    half = await deepeyes_reward(task("3.5"), reply("\\frac{7}{2}"))
+    assert half.metrics["correct"] == 1.0 and half.verdict is not None
+    assert half.verdict.by == "rule"  # the rules' number check: no worker needed
+    choice = await deepeyes_reward(task("B"), reply("C"))
+    assert choice.metrics["correct"] == 0.0 and choice.verdict is not None
+    assert choice.verdict.by == "rule"
+    unboxed = [Message("assistant", "<think>look</think>There are 3 cars.")]
+    for extraction, right in (("boxed", 0.0), ("verifier", 1.0)):
+        r = await deepeyes_reward(task("3"), unboxed, extraction=extraction)  # type: ignore[arg-type]
+        assert r.metrics["correct"] == right and r.metrics["format_ok"] == 0.0
