@@ -63,6 +63,8 @@ def grade(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     _die_with_parent()
+    with contextlib.suppress(OSError):
+        os.nice(5)  # background work: a check spinning to its deadline yields to the rollouts
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
