@@ -406,20 +406,12 @@ def _record(t: Trajectory, env_id: str, hook: AnswerHook | None, task: Task) -> 
         try:
             answer = hook.extract(t.messages)
             key = hook.normalize(answer) if answer is not None else None
-            correct = None if answer is None else _answer_correct(t, hook, answer, task)
+            correct = None if answer is None else hook.decide(answer, task, t.verdict)
         except Exception as exc:  # a broken hook must not stop the eval
             log.warning("answer hook failed on %s: %r", t.task_id, exc)
             answer = key = correct = None
         record.update(answer=answer, answer_key=key, answer_correct=correct)
     return record
-
-
-def _answer_correct(t: Trajectory, hook: AnswerHook, answer: str, task: Task) -> bool:
-    """The reward's own decision on ``answer`` where the trajectory carries it (no second
-    grading: a symbolic check runs off the loop, in the reward), else the hook's check."""
-    if t.verdict is not None and t.verdict.answer == answer:
-        return t.verdict.correct
-    return bool(hook.check(answer, task))
 
 
 def _prepare_out(config: EvalConfig, parts: Mapping[str, str], chash: str) -> set[tuple[str, int]]:

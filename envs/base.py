@@ -50,6 +50,13 @@ class AnswerHook:
     check: Callable[[str, Task], bool]
     normalize: Callable[[str], str] = lambda s: " ".join(s.split())
 
+    def decide(self, answer: str, task: Task, verdict: Verdict | None) -> bool:
+        """The reward's own decision where its ``verdict`` read this ``answer`` (no second
+        grading: a symbolic check runs off the loop, in the reward), else ``check``."""
+        if verdict is not None and verdict.answer == answer:
+            return verdict.correct
+        return bool(self.check(answer, task))
+
 
 class Env(abc.ABC):
     """One episode at a time, asynchronously — gymnasium's contract with chat messages.
