@@ -24,6 +24,7 @@ from agentloop.types import (
     Trajectory,
     TrajectoryGroup,
     Turn,
+    Verdict,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ __all__ = [
     "TrajectoryError",
     "TrajectoryGroup",
     "Turn",
+    "Verdict",
     "__version__",
     "make_builder",
 ]

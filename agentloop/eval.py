@@ -406,7 +406,7 @@ def _record(t: Trajectory, env_id: str, hook: AnswerHook | None, task: Task) -> 
         try:
             answer = hook.extract(t.messages)
             key = hook.normalize(answer) if answer is not None else None
-            correct = bool(hook.check(answer, task)) if answer is not None else None
+            correct = None if answer is None else hook.decide(answer, task, t.verdict)
         except Exception as exc:  # a broken hook must not stop the eval
             log.warning("answer hook failed on %s: %r", t.task_id, exc)
             answer = key = correct = None

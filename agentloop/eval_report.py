@@ -80,6 +80,8 @@ class EvalSummary:
     #: exception or a timeout: a sandbox or search server that died mid-run), with an example.
     tool_failed: int = 0
     tool_failure: str | None = None
+    #: Episodes whose math check ran past its deadline (scored wrong; ``grader_timeout``).
+    grader_timeouts: int = 0
 
     @property
     def failed(self) -> int:
@@ -176,6 +178,7 @@ def summarize(
         elapsed_s=elapsed_s,
         tool_failed=len(tool_failed),
         tool_failure=_first_tool_failure([t for segs in tool_failed for t in segs]),
+        grader_timeouts=int(sum(t.metrics.get("grader_timeout", 0.0) for t in finals)),
     )
 
 
@@ -394,6 +397,11 @@ def print_summary(summary: EvalSummary, console: Any = None) -> None:
         count = summary.stop_reasons.get(reason, 0)
         style = "bold red" if StopReason(reason).is_error else "dim"
         console.print(f"[{style}]{count} episode(s) ended with {reason}, e.g.:[/] {escape(error)}")
+    if summary.grader_timeouts:
+        console.print(
+            f"[yellow]{summary.grader_timeouts} answer(s) scored wrong because the math check "
+            "ran past its deadline (grader_timeout_s)[/]"
+        )
     if summary.tool_failed:
         console.print(
             f"[bold red]{summary.tool_failed} episode(s) had tool calls fail for their service, "

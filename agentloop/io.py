@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from agentloop.errors import ConfigError, TrajectoryError
-from agentloop.types import Message, StopReason, ToolCall, Trajectory, Turn
+from agentloop.types import Message, StopReason, ToolCall, Trajectory, Turn, Verdict
 
 __all__ = [
     "FORMAT_VERSION",
@@ -75,6 +75,7 @@ def trajectory_to_dict(t: Trajectory) -> dict[str, Any]:
         "images": [_image_to_dict(im) for im in t.images],
         "image_grids": [list(g) for g in t.image_grids],
         **({"versions": list(t.versions)} if t.versions else {}),
+        **({"verdict": t.verdict.to_dict()} if t.verdict is not None else {}),
     }
 
 
@@ -105,6 +106,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
             images=images,
             image_grids=tuple(tuple(g) for g in data.get("image_grids", ())),
             versions=tuple(int(v) for v in data.get("versions", ())),
+            verdict=Verdict.from_dict(data["verdict"]) if data.get("verdict") else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         task = data.get("task_id", "?") if isinstance(data, Mapping) else "?"

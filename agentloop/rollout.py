@@ -244,6 +244,8 @@ async def _play(
         reward = _finite_reward(result.reward)
         episode.reward += reward
         episode.metrics.update(result.metrics)
+        if result.verdict is not None:
+            episode.verdict = result.verdict
         obs = await _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs)
         obs_ids, history = [], []  # the next context: a suffix, or (strip) a fresh rendering

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentloop.types import Completion, Message, StopReason, Trajectory, Turn
+from agentloop.types import Completion, Message, StopReason, Trajectory, Turn, Verdict
 
 if TYPE_CHECKING:
     from agentloop.chat import TokenBuilder
@@ -53,6 +53,7 @@ class EpisodeState:
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    verdict: Verdict | None = None
     images: list[Any] = field(default_factory=list)
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)
     versions: list[int] | None = field(default_factory=list)  # None: an engine gave none
@@ -153,6 +154,7 @@ class EpisodeState:
                     images=s.images,
                     image_grids=s.image_grids,
                     versions=s.versions,
+                    verdict=self.verdict,
                 )
             )
         return out

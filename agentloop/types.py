@@ -23,6 +23,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "Turn",
+    "Verdict",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -257,6 +258,31 @@ class Turn:
     reward: float = 0.0  # what env.step returned for this turn; the turns sum to the reward
 
 
+@pickled_as_tuple
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why an episode's answer was scored right or wrong: the ``answer`` extracted (None when
+    there was none), the ``gold`` answer, the decision, ``by`` what check (``numeric``,
+    ``exact``, ``math-verify``, ``timeout``, ``no answer``, …) and a one-line ``detail``.
+    The env's reward gives it; the trajectory and the viewer carry it."""
+
+    answer: str | None
+    gold: str
+    correct: bool
+    by: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in _VERDICT_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(**{f: data[f] for f in _VERDICT_FIELDS if f in data})
+
+
+_VERDICT_FIELDS = ("answer", "gold", "correct", "by", "detail")
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One finished episode, token-exact.
@@ -271,6 +297,8 @@ class Trajectory:
 
     ``versions`` holds, per token, the policy version that sampled it (-1 for tokens not
     sampled: prompt and observations); empty when the engine reports no versions.
+
+    ``verdict`` (envs that grade an answer) says what answer was read and why it scored so.
     """
 
     task_id: str
@@ -288,6 +316,7 @@ class Trajectory:
     images: tuple[Any, ...] = ()
     image_grids: tuple[tuple[int, int, int], ...] = ()
     versions: tuple[int, ...] = ()
+    verdict: Verdict | None = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -107,6 +107,7 @@ def _trajectory_view(record: Mapping[str, Any]) -> dict[str, Any]:
         "error": t.error,
         "answer": record.get("answer"),
         "answer_correct": record.get("answer_correct"),
+        "verdict": t.verdict.to_dict() if t.verdict is not None else None,
         "turns": len(t.turns),
         "metrics": _finite(dict(t.metrics)),
         "messages": [_message_view(m) for m in t.messages],

@@ -4,6 +4,7 @@ from agentloop.envs.base import AgentProgram, AnswerHook, Env, StepResult
 from agentloop.envs.calc import CalcEnv, calc_reward, make_calc_task
 from agentloop.envs.chat_user import ChatUser, ChatUserConfig
 from agentloop.envs.gym_adapter import GymnasiumEnv
+from agentloop.envs.math_grader import grade_math
 from agentloop.envs.registry import EnvSpec, make, register, registered, spec
 from agentloop.envs.rewards import (
     Reward,
@@ -38,6 +39,7 @@ __all__ = [
     "exact_match",
     "extract_boxed",
     "f1_score",
+    "grade_math",
     "make",
     "make_calc_task",
     "math_equal",

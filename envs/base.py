@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from agentloop.errors import EnvError
 from agentloop.tools import ToolResult
-from agentloop.types import Message, Task
+from agentloop.types import Message, Task, Verdict
 
 __all__ = ["AgentProgram", "AnswerHook", "Env", "StepResult"]
 
@@ -33,6 +33,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     tool_results: tuple[ToolResult, ...] = field(default=(), kw_only=True)
     metrics: Mapping[str, float] = field(default_factory=dict, kw_only=True)
+    verdict: Verdict | None = field(default=None, kw_only=True)
 
     def __iter__(self) -> Iterator[Any]:
         """Gymnasium's 5 fields, so ``obs, reward, terminated, truncated, info = result`` works."""
@@ -48,6 +49,13 @@ class AnswerHook:
     extract: Callable[[Sequence[Message]], str | None]
     check: Callable[[str, Task], bool]
     normalize: Callable[[str], str] = lambda s: " ".join(s.split())
+
+    def decide(self, answer: str, task: Task, verdict: Verdict | None) -> bool:
+        """The reward's own decision where its ``verdict`` read this ``answer`` (no second
+        grading: a symbolic check runs off the loop, in the reward), else ``check``."""
+        if verdict is not None and verdict.answer == answer:
+            return verdict.correct
+        return bool(self.check(answer, task))
 
 
 class AgentProgram(Protocol):

@@ -1,12 +1,20 @@
-"""agentloop/Calc-v0: seeded arithmetic word problems, a sandboxed python tool, a boxed verifier."""
+"""agentloop/Calc-v0: seeded arithmetic word problems, a sandboxed python tool, a boxed verifier.
+
+The answers are integers, and a boxed integer (``1,234`` and ``1234.0`` included) is decided by
+the exact numeric check on the loop, right or wrong; only a box holding something else (``12 \\cdot
+3``, ``x = 36``) goes to math-verify (:mod:`agentloop.envs.math_grader`). Extraction is always
+the last ``\\boxed{}`` (the format the tiny model is taught); ``grader_timeout_s`` bounds a check.
+"""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from fractions import Fraction
 
 from agentloop.envs.base import AnswerHook
+from agentloop.envs.math_grader import DEFAULT_GRADER_TIMEOUT_S, grade_math, verdict_metrics
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.tool_env import ToolEnv
 from agentloop.errors import EnvError
@@ -65,19 +73,20 @@ def make_calc_task(split: str, index: int, *, digits: int = 3) -> Task:
     )
 
 
-def calc_reward(task: Task, messages: Sequence[Message]) -> Reward:
+async def calc_reward(
+    task: Task, messages: Sequence[Message], *, timeout_s: float = DEFAULT_GRADER_TIMEOUT_S
+) -> Reward:
     """1.0 when the last ``\\boxed{}`` of the final answer equals the task's answer."""
     boxed = extract_boxed(last_assistant_text(messages))
-    correct = math_equal(boxed, task.data["answer"])
+    verdict = await grade_math(boxed, str(task.data["answer"]), timeout_s=timeout_s)
     used_tool = any(m.tool_calls for m in messages if m.role == "assistant")
-    return Reward(
-        float(correct),
-        {
-            "correct": float(correct),
-            "has_boxed": float(boxed is not None),
-            "used_tool": float(used_tool),
-        },
-    )
+    metrics = {
+        "correct": float(verdict.correct),
+        "has_boxed": float(boxed is not None),
+        "used_tool": float(used_tool),
+        **verdict_metrics(verdict),
+    }
+    return Reward(float(verdict.correct), metrics, verdict)
 
 
 def calc_tool(
@@ -108,7 +117,7 @@ class CalcEnv(ToolEnv):
     ``make("agentloop/Calc-v0", sandbox=sb)``. From a config, ``sandbox`` may also be server URLs
     or ``{backend: remote, urls: [...], token_env: ...}``: a pool of ``agentloop serve-sandbox``
     servers. ``tool_max_concurrency`` / ``tool_rate_limit_per_s`` limit the ``python`` calls
-    across every episode of the process.
+    across every episode of the process. Grading: see the module docstring.
     """
 
     def __init__(
@@ -119,11 +128,15 @@ class CalcEnv(ToolEnv):
         sandbox: Sandbox | SandboxConfig = "local",
         tool_max_concurrency: int | None = None,
         tool_rate_limit_per_s: float | None = None,
+        grader_timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
     ) -> None:
+        if grader_timeout_s <= 0:
+            raise EnvError(f"Calc-v0 grader_timeout_s must be > 0, got {grader_timeout_s}")
         tool = calc_tool(
             sandbox, max_concurrency=tool_max_concurrency, rate_limit_per_s=tool_rate_limit_per_s
         )
-        super().__init__([tool], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+        reward = functools.partial(calc_reward, timeout_s=grader_timeout_s)
+        super().__init__([tool], reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
         self.digits = digits
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

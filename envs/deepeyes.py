@@ -6,6 +6,13 @@ one image file per task). The reward is DeepEyes' ``0.8·accuracy − 0.2·forma
 zoom and a correct answer): paying for tool calls alone would teach the policy to zoom and never
 answer. Accuracy is rule-based by default (normalized exact match, numbers, multiple-choice
 letters); ``judge_url`` asks an LLM judge served by a second vLLM engine instead.
+
+Numeric answers: when the gold answer is a number and the rules say no, math-verify decides
+(``3.50`` or ``\\frac{7}{2}`` for ``3.5``, ``50\\%`` for ``50``) in a worker process with a
+``grader_timeout_s`` deadline (:mod:`agentloop.envs.math_grader`). ``answer_extraction``:
+``"boxed"`` (default) grades the ``<answer>``/``\\boxed{}`` content as DeepEyes does;
+``"verifier"`` lets math-verify read a number from the final reply when neither is there (such
+a reply still counts as a format error).
 """
 
 from __future__ import annotations
@@ -17,12 +24,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentloop.envs.rewards import Reward, extract_final_answer, math_equal, normalize_answer
+from agentloop.envs.math_grader import (
+    DEFAULT_GRADER_TIMEOUT_S,
+    Extraction,
+    check_extraction,
+    grade_math,
+    verdict_metrics,
+)
+from agentloop.envs.rewards import (
+    Reward,
+    extract_final_answer,
+    last_assistant_text,
+    math_equal,
+    normalize_answer,
+    to_number,
+)
 from agentloop.envs.task_files import TaskFiles, TaskSchema
 from agentloop.envs.zoom_env import ZoomToolEnv
 from agentloop.errors import EnvError, RewardError
 from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
-from agentloop.types import Message, Task
+from agentloop.types import Message, Task, Verdict
 
 __all__ = [
     "DEEPEYES_SCHEMA",
@@ -151,28 +172,57 @@ class HttpJudge:
 
 
 async def deepeyes_reward(
-    task: Task, messages: Sequence[Message], judge: Judge | None = None
+    task: Task,
+    messages: Sequence[Message],
+    judge: Judge | None = None,
+    *,
+    extraction: Extraction = "boxed",
+    timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
 ) -> Reward:
     """DeepEyes' reward of an episode (see :func:`deepeyes_score`), with its parts as metrics.
     ``zoomed``: at least one ``image_zoom_in`` call returned an image."""
     answer, format_ok = deepeyes_format(messages)
     gold = str(task.data["answer"])
-    correct = False
-    if answer is not None:
-        if judge is None:
-            correct = rule_match(answer, gold)
-        else:
-            correct = await judge(str(task.data["prompt"]), gold, answer)
+    if judge is not None:
+        correct = answer is not None and await judge(str(task.data["prompt"]), gold, answer)
+        verdict = Verdict(answer, gold, correct, "judge", "the LLM judge's decision")
+    else:
+        verdict = await _rule_verdict(answer, gold, messages, extraction, timeout_s)
+    correct = verdict.correct
     zooms = sum(1 for m in messages if m.role == "tool" and m.images)
     value = deepeyes_score(correct=correct, format_ok=format_ok, zoomed=zooms > 0)
-    return Reward(
-        value,
-        {
-            "correct": float(correct),
-            "format_ok": float(format_ok),
-            "zoom_calls": float(zooms),
-            "tool_bonus": float(correct and zooms > 0),
-        },
+    metrics = {
+        "correct": float(correct),
+        "format_ok": float(format_ok),
+        "zoom_calls": float(zooms),
+        "tool_bonus": float(correct and zooms > 0),
+        **verdict_metrics(verdict),
+    }
+    return Reward(value, metrics, verdict)
+
+
+async def _rule_verdict(
+    answer: str | None,
+    gold: str,
+    messages: Sequence[Message],
+    extraction: Extraction,
+    timeout_s: float,
+) -> Verdict:
+    """The rules, then (a numeric gold answer) the math grader."""
+    if answer is not None and rule_match(answer, gold):
+        return Verdict(answer, gold, True, "rule", "the same choice, number or text")
+    if to_number(gold) is None:
+        if answer is None:
+            return Verdict(None, gold, False, "no answer", "no <answer> in the final reply")
+        return Verdict(answer, gold, False, "rule", "not the same choice, number or text")
+    reply = last_assistant_text(messages).split("</think>")[-1]
+    return await grade_math(
+        answer,
+        gold,
+        reply=reply,
+        extraction=extraction,
+        timeout_s=timeout_s,
+        max_answer_chars=MAX_ANSWER_CHARS,
     )
 
 
@@ -187,7 +237,8 @@ def _load_image(path: str) -> Any:
 class DeepEyesEnv(ZoomToolEnv):
     """Image questions from task files (``files``: split name → task file; each row names its
     image file) with ``image_zoom_in`` on the task's image. ``judge_url`` (optional) scores
-    accuracy with an LLM judge (:class:`HttpJudge`, model ``judge_model``)."""
+    accuracy with an LLM judge (:class:`HttpJudge`, model ``judge_model``).
+    ``answer_extraction`` and ``grader_timeout_s``: numeric answers, see the module docstring."""
 
     def __init__(
         self,
@@ -199,10 +250,17 @@ class DeepEyesEnv(ZoomToolEnv):
         min_side: int = MIN_ZOOM_SIDE,
         max_pixels: int = MAX_ZOOM_PIXELS,
         system_prompt: str = SYSTEM_PROMPT,
+        answer_extraction: str = "boxed",
+        grader_timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
     ) -> None:
+        extraction = check_extraction(answer_extraction, "agentloop/DeepEyes-v0")
+        if grader_timeout_s <= 0:
+            raise EnvError(f"DeepEyes-v0 grader_timeout_s must be > 0, got {grader_timeout_s}")
         judge = HttpJudge(judge_url, judge_model) if judge_url else None
         tools = [zoom_tool(min_side=min_side, max_pixels=max_pixels)]
-        reward = functools.partial(deepeyes_reward, judge=judge)
+        reward = functools.partial(
+            deepeyes_reward, judge=judge, extraction=extraction, timeout_s=grader_timeout_s
+        )
         super().__init__(tools, reward, system_prompt=system_prompt, max_turns=max_turns)
         self.files = TaskFiles(files, DEEPEYES_SCHEMA, "agentloop/DeepEyes-v0")
 

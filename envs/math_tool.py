@@ -2,19 +2,35 @@
 
 The ReTool setting: competition math (DAPO-Math-17k for training, AIME for validation) solved
 with a Python interpreter the model may call many times. Tasks come from files in the project's
-task format (``recipes/retool/prepare_data.py`` converts the public datasets); the answer is the
-last ``\\boxed{}`` of the final reply, or failing that a last line ``Answer: X`` (the
-DAPO-Math-17k prompt's convention), compared as numbers when both sides are numbers.
+task format (``recipes/retool/prepare_data.py`` converts the public datasets). Grading
+(:func:`agentloop.envs.math_grader.grade_math`): plain numbers are compared exactly here, anything
+else by math-verify in a worker process (``grader_timeout_s`` per check; a timeout scores wrong and
+counts as ``grader_timeout``). ``answer_extraction`` picks what is graded:
+
+- ``"boxed"`` (default): the last ``\\boxed{}`` of the final reply, or failing that a last line
+  ``Answer: X`` (the DAPO-Math-17k prompt's convention); a reply with neither scores 0, so the
+  policy keeps the format the prompt asks for.
+- ``"verifier"``: math-verify's own extraction from the final reply as well (an unboxed
+  ``The answer is 7.`` counts; math-verify reads the last number of a reply without markers).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 
-from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
+from agentloop.envs.math_grader import (
+    DEFAULT_GRADER_TIMEOUT_S,
+    Extraction,
+    check_extraction,
+    grade_math,
+    verdict_metrics,
+)
+from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text
 from agentloop.envs.task_files import TaskFiles, TaskSchema
 from agentloop.envs.tool_env import ToolEnv
+from agentloop.errors import EnvError
 from agentloop.sandboxes import SandboxConfig
 from agentloop.tools.code_interpreter import code_interpreter_tool
 from agentloop.types import Message, Task
@@ -47,21 +63,35 @@ def extract_math_answer(text: str) -> str | None:
     return answer
 
 
-def math_tool_reward(task: Task, messages: Sequence[Message]) -> Reward:
+async def math_tool_reward(
+    task: Task,
+    messages: Sequence[Message],
+    *,
+    extraction: Extraction = "boxed",
+    timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
+) -> Reward:
     """1.0 for the right final answer, else 0.0 — nothing for calling tools or for format, so no
-    degenerate policy (endless tool calls, an empty box, the question echoed back) scores."""
-    answer = extract_math_answer(last_assistant_text(messages))
-    correct = math_equal(answer, task.data["answer"])
-    calls = sum(len(m.tool_calls) for m in messages if m.role == "assistant")
-    return Reward(
-        float(correct),
-        {
-            "correct": float(correct),
-            "has_answer": float(answer is not None),
-            "tool_calls": float(calls),
-            "used_tool": float(calls > 0),
-        },
+    degenerate policy (endless tool calls, an empty box, the question echoed back) scores. The
+    verdict (answer read, check, why) rides on the reward."""
+    reply = last_assistant_text(messages)
+    answer = extract_math_answer(reply)
+    verdict = await grade_math(
+        answer,
+        str(task.data["answer"]),
+        reply=reply,
+        extraction=extraction,
+        timeout_s=timeout_s,
+        max_answer_chars=MAX_ANSWER_CHARS,
     )
+    calls = sum(len(m.tool_calls) for m in messages if m.role == "assistant")
+    metrics = {
+        "correct": float(verdict.correct),
+        "has_answer": float(verdict.answer is not None),
+        "tool_calls": float(calls),
+        "used_tool": float(calls > 0),
+        **verdict_metrics(verdict),
+    }
+    return Reward(float(verdict.correct), metrics, verdict)
 
 
 class MathToolEnv(ToolEnv):
@@ -71,7 +101,8 @@ class MathToolEnv(ToolEnv):
     servers, see ``sandbox_spec``). ``files`` maps split names to task files, e.g.
     ``{"train": "data/retool/dapo_math_17k.jsonl", "aime2024": "data/retool/aime2024.jsonl"}``.
     ``tool_timeout_s`` bounds each call; ``tool_max_concurrency`` and ``tool_rate_limit_per_s``
-    limit the calls across every episode of the process."""
+    limit the calls across every episode of the process. ``answer_extraction`` (``boxed`` or
+    ``verifier``) and ``grader_timeout_s`` set the grading (see the module docstring)."""
 
     def __init__(
         self,
@@ -83,14 +114,22 @@ class MathToolEnv(ToolEnv):
         system_prompt: str = SYSTEM_PROMPT,
         tool_max_concurrency: int | None = None,
         tool_rate_limit_per_s: float | None = None,
+        answer_extraction: str = "boxed",
+        grader_timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
     ) -> None:
+        extraction = check_extraction(answer_extraction, "agentloop/MathTool-v0")
+        if grader_timeout_s <= 0:
+            raise EnvError(f"MathTool-v0 grader_timeout_s must be > 0, got {grader_timeout_s}")
         tool = code_interpreter_tool(
             sandbox,
             timeout_s=tool_timeout_s,
             max_concurrency=tool_max_concurrency,
             rate_limit_per_s=tool_rate_limit_per_s,
         )
-        super().__init__([tool], math_tool_reward, system_prompt=system_prompt, max_turns=max_turns)
+        reward = functools.partial(
+            math_tool_reward, extraction=extraction, timeout_s=grader_timeout_s
+        )
+        super().__init__([tool], reward, system_prompt=system_prompt, max_turns=max_turns)
         self.files = TaskFiles(files, MATH_SCHEMA, "agentloop/MathTool-v0")
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from agentloop.types import Message, Task
+from agentloop.types import Message, Task, Verdict
 
 __all__ = [
     "Reward",
@@ -21,15 +21,18 @@ __all__ = [
     "last_assistant_text",
     "math_equal",
     "normalize_answer",
+    "to_number",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Reward:
-    """A score plus named metrics (format, tool use, …) logged next to it."""
+    """A score plus named metrics (format, tool use, …) logged next to it, and the ``verdict``
+    (the answer read and why it scored so) where the env grades an answer."""
 
     value: float
     metrics: Mapping[str, float] = field(default_factory=dict)
+    verdict: Verdict | None = None
 
 
 RewardFn = Callable[[Task, Sequence[Message]], "float | Reward | Awaitable[float | Reward]"]
@@ -61,19 +64,31 @@ def extract_final_answer(text: str) -> str | None:
     return found[-1].strip() if found else extract_boxed(text)
 
 
-_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,3})?$")
+#: Longer strings are not read as numbers here (``Fraction`` of a huge literal is slow, and
+#: Python refuses int strings over 4,300 digits); the symbolic verifier gets them.
+_MAX_NUMBER_CHARS = 100
+_SPACED_DIGITS = re.compile(r"\d\s+\d")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")  # commas only as 1,234,567.5
 
 
-def _to_number(text: str) -> Fraction | None:
-    s = text.strip().strip("$").replace(",", "").replace(" ", "").rstrip(".")
+def to_number(text: str) -> Fraction | None:
+    """``text`` as an exact number (``1,234``, ``-3.5``, ``$7$``, ``\\frac{1}{2}``, ``3/4``,
+    ``1e3``), or None when it is not a plain number (or is over 100 characters)."""
+    if len(text) > _MAX_NUMBER_CHARS:
+        return None
+    s = text.strip().strip("$").rstrip(".")
+    if _SPACED_DIGITS.search(s) or ("," in s and not _THOUSANDS.search(s)):
+        return None  # "1 234", "1, 2, 3", "1,23": a list or a typo, not a number
+    s = s.replace(",", "").replace(" ", "")
     s = s.removeprefix("\\text{").removesuffix("}") if s.startswith("\\text{") else s
     frac = re.fullmatch(r"\\d?frac\{([^{}]+)\}\{([^{}]+)\}", s)
     if frac:
-        num, den = _to_number(frac.group(1)), _to_number(frac.group(2))
+        num, den = to_number(frac.group(1)), to_number(frac.group(2))
         return num / den if num is not None and den not in (None, 0) else None
     if "/" in s:
         num_s, _, den_s = s.partition("/")
-        num, den = _to_number(num_s), _to_number(den_s)
+        num, den = to_number(num_s), to_number(den_s)
         return num / den if num is not None and den not in (None, 0) else None
     return Fraction(s) if _NUMBER.match(s) else None
 
@@ -83,7 +98,7 @@ def math_equal(predicted: str | None, gold: str | int | float) -> bool:
     ``\\frac{1}{2}`` and ``0.5`` all count), else an exact match after whitespace cleanup."""
     if predicted is None:
         return False
-    p, g = _to_number(predicted), _to_number(str(gold))
+    p, g = to_number(predicted), to_number(str(gold))
     if p is not None and g is not None:
         return p == g
     return " ".join(predicted.split()) == " ".join(str(gold).split())

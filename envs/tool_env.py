@@ -122,7 +122,13 @@ class ToolEnv(Env):
         reward = await self.score(self._task, self._messages)
         metrics = dict(reward.metrics)
         return StepResult(
-            [], reward.value, terminated, not terminated, tool_results=tool_results, metrics=metrics
+            [],
+            reward.value,
+            terminated,
+            not terminated,
+            tool_results=tool_results,
+            metrics=metrics,
+            verdict=reward.verdict,
         )
 
     async def score(self, task: Task, messages: Sequence[Message]) -> Reward:

@@ -79,14 +79,16 @@ def test_calc_tasks_are_deterministic_and_splits_differ() -> None:
         env.tasks("dev", 1)
 
 
-def test_calc_verifier_accepts_gold_and_rejects_wrong() -> None:
+async def test_calc_verifier_accepts_gold_and_rejects_wrong() -> None:
     for task in CalcEnv(digits=4).tasks("test", 200):
         gold = task.data["answer"]
         good = [Message("user", "q"), Message("assistant", f"So \\boxed{{{gold}}}.")]
         bad = [Message("user", "q"), Message("assistant", f"\\boxed{{{int(gold) + 1}}}")]
-        assert calc_reward(task, good).value == 1.0
-        assert calc_reward(task, bad).value == 0.0
-    empty = calc_reward(Task("x", {"answer": "3"}), [Message("assistant", "\\boxed{}")])
+        right, wrong = await calc_reward(task, good), await calc_reward(task, bad)
+        assert right.value == 1.0 and wrong.value == 0.0
+        assert right.verdict is not None and right.verdict.by == "numeric"  # no verifier call
+        assert wrong.verdict is not None and wrong.verdict.by == "numeric"
+    empty = await calc_reward(Task("x", {"answer": "3"}), [Message("assistant", "\\boxed{}")])
     assert empty.value == 0.0 and empty.metrics["has_boxed"] == 1.0
 
 

@@ -17,7 +17,7 @@ PUBLIC = {
         "AgentLoopError", "Completion", "ConfigError", "EnvError", "InferenceError", "Message",
         "RewardError", "RolloutConfig", "SamplingParams", "SandboxError", "StopReason", "Task",
         "TemplateError", "TokenBuilder", "ToolCall", "ToolError", "ToolFatalError", "Trajectory",
-        "TrajectoryError", "TrajectoryGroup", "Turn", "__version__", "make_builder",
+        "TrajectoryError", "TrajectoryGroup", "Turn", "Verdict", "__version__", "make_builder",
     },
     "agentloop.engines": {
         "Engine", "FakeEngine", "HFEngine", "OpenAIEngine", "ReplicatedEngine", "SamplingParams",
@@ -32,7 +32,8 @@ PUBLIC = {
         "AgentProgram", "AnswerHook", "CalcEnv", "ChatUser", "ChatUserConfig", "EngineUser",
         "Env", "EnvSpec", "GymnasiumEnv", "Reward", "RewardFn", "ScriptedUser", "StepResult",
         "ToolEnv", "UserSimEnv", "UserSimulator", "calc_reward", "exact_match", "extract_boxed",
-        "f1_score", "make", "make_calc_task", "math_equal", "normalize_answer", "register",
+        "f1_score", "grade_math", "make", "make_calc_task", "math_equal", "normalize_answer",
+        "register",
         "registered", "spec",
     },
     "agentloop.sandboxes": {

@@ -110,6 +110,9 @@ def test_view_data_decodes_tokens_and_drops_unsafe_images(run_dir: Path, tokeniz
     assert len(t["images"]) == 1 and t["images"][0].startswith("data:image/png;base64,")
     assert t["messages"][2]["tool_calls"][0]["name"] == "python"
     assert view_data(records)["vocab"] == {}  # no tokenizer: the page shows ids
+    verdicts = [v["verdict"] for v in data["trajectories"]]  # the reward's, for every episode
+    assert {v["by"] for v in verdicts} == {"numeric", "no answer"}, verdicts
+    assert all(v["correct"] == (r["reward"] == 1.0) for v, r in zip(verdicts, records, strict=True))
 
 
 def test_html_is_self_contained_and_inert(run_dir: Path) -> None:
@@ -165,6 +168,8 @@ def test_viewer_in_headless_chromium(run_dir: Path, chromium: Any) -> None:
     rows = page.locator("#rows tr")
     assert rows.count() == 8
     rows.nth(0).click()
+    verdict = page.locator("#verdict").inner_text()  # the answer read and why it scored so
+    assert "by numeric" in verdict and "gold" in verdict and "as numbers" in verdict, verdict
     strip = page.locator("#strip")
     assert strip.locator(".tok.trained").count() > 0
     assert strip.locator(".tok.masked").count() > 0  # tool output inside the response

@@ -435,6 +435,7 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
         "val/tool_calls_mean": s.tool_calls_per_episode,
         "val/tool_error_rate": s.tool_error_rate,
         "val/episodes": float(s.episodes),
+        "val/grader_timeouts": float(s.grader_timeouts),
     }
     if 1 in s.pass_at_k:
         metrics["val/pass@1"] = s.pass_at_k[1]

@@ -57,7 +57,9 @@ def _mean(values: Sequence[float]) -> float:
 def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     """``rollout/*``: reward, accuracy (the ``correct``/``acc`` reward metric, where the env
     reports one), response length, turns, tool calls and errors, the share of episodes that
-    called a tool at all, the mean reward per turn position, stop reasons."""
+    called a tool at all, the mean reward per turn position, stop reasons;
+    ``reward/grader_timeouts`` and ``reward/grader_errors`` (math grading: episodes whose check
+    ran past its deadline or failed, scored wrong) where the env reports them."""
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {"rollout/episodes": 0.0}
@@ -96,6 +98,10 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         out["rollout/segments_mean"] = _mean([t.metrics["segments"] for t in firsts])
     out["rollout/tool_episode_frac"] = _mean([float(c > 0) for c in calls])
     out.update(_turn_position_rewards(_episode_turns(groups)))
+    for key in ("grader_timeout", "grader_error"):  # math rewards: checks cut at their deadline
+        if any(key in t.metrics for t in trajs):
+            firsts_only = (t for t in trajs if not t.metrics.get("segment_index"))  # per episode
+            out[f"reward/{key}s"] = sum(t.metrics.get(key, 0.0) for t in firsts_only)
     if any("overlong_penalty" in t.metrics for t in trajs):
         out["rollout/overlong_penalty_mean"] = _mean(
             [t.metrics.get("overlong_penalty", 0.0) for t in trajs]

@@ -29,7 +29,7 @@ def _reply(text: str, calls: tuple[ToolCall, ...] = ()) -> Message:
     return Message("assistant", text, calls)
 
 
-def test_math_answer_is_the_last_box_or_answer_line() -> None:
+async def test_math_answer_is_the_last_box_or_answer_line() -> None:
     assert extract_math_answer("x \\boxed{3} then \\boxed{ 45 }") == "45"
     assert extract_math_answer("work...\nAnswer: $45$") == "45"
     assert extract_math_answer("The answer: 45") is None  # not a line of its own form
@@ -37,11 +37,11 @@ def test_math_answer_is_the_last_box_or_answer_line() -> None:
     assert extract_math_answer("\\boxed{" + "1" * 201 + "}") is None
     task = Task("t", {"prompt": "p", "answer": "45"})
     call = ToolCall("code_interpreter", {"code": "print(45)"})
-    right = math_tool_reward(task, [_reply("", (call,)), Message("tool", "45"),
-                                    _reply("so \\boxed{45.0}")])  # fmt: skip
+    right = await math_tool_reward(task, [_reply("", (call,)), Message("tool", "45"),
+                                          _reply("so \\boxed{45.0}")])  # fmt: skip
     assert right.value == 1.0 and right.metrics["tool_calls"] == 1.0
-    assert math_tool_reward(task, [_reply("\\boxed{46}")]).value == 0.0
-    assert math_tool_reward(task, [_reply("45")]).metrics["has_answer"] == 0.0
+    assert (await math_tool_reward(task, [_reply("\\boxed{46}")])).value == 0.0
+    assert (await math_tool_reward(task, [_reply("45")])).metrics["has_answer"] == 0.0
 
 
 def test_search_r1_reward_is_exact_match_only() -> None:
