@@ -90,7 +90,8 @@ class DataConfig:
     tools: list[str] = field(default_factory=list)
     """Extra tools for the env (a ``ToolEnv``), as ``agentloop eval --tools`` takes them:
     ``mcp:COMMAND ARGS`` (an MCP server over stdio, a process per episode) or
-    ``mcp:http://HOST:PORT/mcp`` (streamable HTTP); one named like an env tool replaces it.
+    ``mcp:http://HOST:PORT/mcp`` (streamable HTTP); one named like an env tool is an error
+    unless the spec says ``replace=NAME`` (``mcp[replace=python]:…``).
     Training and validation episodes get them; with ``rollout.tools_replay`` they are made from
     the recording's schemas, without the servers."""
     train_split: str = "train"

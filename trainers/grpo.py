@@ -153,7 +153,7 @@ async def train_async(
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with (
         open_worker_group(cfg, model_dir, engine=engine) as group,
-        tool_tape(cfg.rollout.tool_io()),  # tool calls recorded / replayed, if asked
+        tool_tape(cfg.rollout.tool_io(), env=cfg.data.env),  # tool calls taped, if asked
     ):
         meter = BusyMeter(group.engine) if group.engine is not None else None
         async with _collector(cfg, meter, env_of, builder) as play:
