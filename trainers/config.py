@@ -443,6 +443,10 @@ class CheckpointConfig:
     export_final: bool = True
     """After the last step, write the model as a plain HF model dir (``final/`` for GRPO,
     ``model/`` for SFT, under ``trainer.out_dir``) for ``agentloop eval`` and vLLM."""
+    allow_unverified: bool = False
+    """Load a checkpoint that has no ``checksums.json`` (one copied without it, or written by
+    an agentloop older than checksums) unverified, with a warning. Off: it is refused
+    (``resume=auto`` falls back to an older verified checkpoint)."""
 
     def __post_init__(self) -> None:
         _check(
