@@ -271,10 +271,10 @@ class ToolTape:
             _repair(path)
             self._sum = self._chain_end(path, env)
             self._file = path.open("a", encoding="utf-8")
-            if not self._sum:
-                header = sealed_lines(env, [])[0]
-                self._sum = json.loads(header)["sum"]
-                self._file.write(header + "\n")
+            if not self._sum:  # a new tape: its header first
+                first = sealed_lines(env, [])[0]
+                self._sum = json.loads(first)["sum"]
+                self._file.write(first + "\n")
                 self._file.flush()
 
     @staticmethod
