@@ -27,7 +27,16 @@ from typing import Any
 
 from agentloop.errors import ConfigError
 
-__all__ = ["TapeHeader", "TapeRecord", "encode_line", "parse_tape", "schema_sha256", "seal"]
+__all__ = [
+    "VERSION",
+    "TapeHeader",
+    "TapeRecord",
+    "encode_line",
+    "parse_tape",
+    "schema_sha256",
+    "seal",
+    "sealed_lines",
+]
 
 log = logging.getLogger(__name__)
 
