@@ -105,7 +105,8 @@ class EvalConfig:
     OpenAI engine)."""
     tools: tuple[str, ...] = ()
     """Extra tools for the env (a ``ToolEnv``): ``mcp:COMMAND ARGS`` or ``mcp:URL``, an MCP
-    server's tools (``agentloop.tools.mcp``); one named like an env tool replaces it."""
+    server's tools (``agentloop.tools.mcp``); one named like an env tool is an error unless the
+    spec asks for it to replace that tool (``mcp[replace=python]:…``)."""
     tool_io: ToolTapeConfig = field(default_factory=ToolTapeConfig)
     """Record every tool call to a directory, or replay tool outputs from one
     (``--record``, ``--replay``, ``--replay-miss``, ``--replay-latency``)."""
@@ -216,7 +217,7 @@ async def eval_async(
     it (validation during training, tests); without one the engine ``config.engine`` is started
     and shut down here. One eval at a time writes to a run directory (see :func:`_run_lock`).
     Tool calls are recorded or replayed as ``config.tool_io`` says."""
-    with _run_lock(config.out), tool_tape(config.tool_io):
+    with _run_lock(config.out), tool_tape(config.tool_io, env=config.env):
         return await _eval_locked(config, engine, progress)
 
 
@@ -247,7 +248,8 @@ class EnvMaker:
     """Makes ``make(env, **env_kwargs)`` with the extra ``tools`` specs' tools added (``eval
     --tools``, training's ``data.tools``): listed at the first env made and shared by every env
     made after it, or rebuilt from ``tool_io``'s recording when it replays without live tools
-    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it.
+    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it
+    only when its spec says ``replace=NAME``; otherwise making the env raises ``ConfigError``.
     Picklable: a loop worker process (:mod:`agentloop.loop_workers`) lists the tools again."""
 
     env: str
@@ -261,6 +263,13 @@ class EnvMaker:
 
         return spec_tools(self.tools, self.tool_io)
 
+    @functools.cached_property
+    def _replace(self) -> frozenset[str]:
+        """The env tools the specs may take over (``mcp[replace=python]:…``)."""
+        from agentloop.tools.mcp import parse_tool_spec
+
+        return frozenset(name for spec in self.tools for name in parse_tool_spec(spec).replace)
+
     def __call__(self) -> Env:
         made = make(self.env, **self.env_kwargs)
         if self._extra:
@@ -270,7 +279,7 @@ class EnvMaker:
                     f"{self.env} is a {type(made).__name__}; drop --tools/data.tools or play a "
                     "ToolEnv"
                 )
-            made.add_tools(self._extra)
+            made.add_tools(self._extra, replace=self._replace)
         return made
 
     def __getstate__(self) -> dict[str, Any]:

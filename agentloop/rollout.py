@@ -360,7 +360,8 @@ async def _render_history(builder: TokenBuilder, messages: list[Message]) -> lis
 async def _fit_observation(
     result: StepResult, builder: TokenBuilder, config: RolloutConfig
 ) -> list[Message]:
-    """Tool outputs cut to ``max_tool_output_tokens`` with a visible marker; others unchanged.
+    """Tool outputs cut to ``max_tool_output_tokens`` with a visible marker (a text model's
+    tool images become a notice); others unchanged.
 
     Huge outputs are cut by characters before tokenizing (``builder.max_token_chars``), and
     tokenizing more than ``_INLINE_CHARS`` runs on a worker thread: no episode waits on
@@ -387,6 +388,9 @@ def _fit_tool_messages(
             )
             if content is not m.content:  # cut: a new message, keeping the tool's images
                 m = replace(m, content=content)
+            if m.images and builder.vision is None:  # a text model: a notice, not a failure
+                note = f"[{len(m.images)} image(s) not shown: this model reads text only]"
+                m = replace(m, images=(), content=f"{note}\n{m.content}".rstrip("\n"))
         out.append(m)
     return out
 

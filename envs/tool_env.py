@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentloop.envs.base import Env, StepResult
 from agentloop.envs.rewards import Reward, RewardFn
-from agentloop.errors import EnvError, RewardError
+from agentloop.errors import ConfigError, EnvError, RewardError
 from agentloop.tools import Tool, ToolResult, ToolSession, Toolset
 from agentloop.types import Message, Task
 
@@ -53,11 +53,22 @@ class ToolEnv(Env):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self.toolset.schemas
 
-    def add_tools(self, tools: Sequence[Tool]) -> None:
-        """Add ``tools`` (e.g. an MCP server's, ``agentloop eval --tools``) to the env's; one named
-        like a tool of the env replaces it, so a built-in tool can be served by another backend."""
+    def add_tools(self, tools: Sequence[Tool], *, replace: Collection[str] = ()) -> None:
+        """Add ``tools`` (e.g. an MCP server's, ``agentloop eval --tools``) to the env's. One named
+        like a tool of the env replaces it only when ``replace`` names it (an MCP spec's
+        ``replace=NAME``), so a built-in tool can be served by another backend on request;
+        any other clash is a ``ConfigError`` naming both tools and the fix."""
         merged = {t.name: t for t in self.toolset}
-        merged.update({t.name: t for t in tools})
+        for t in tools:
+            own = merged.get(t.name)
+            if own is not None and t.name not in replace and own not in tools:
+                raise ConfigError(
+                    f"the added tool {t.name!r} from {t.origin} has the name of the env's own "
+                    f"tool {t.name!r} ({own.origin}); to serve the env's tool from it, ask for "
+                    f"that with replace={t.name} (mcp[replace={t.name}]:SERVER), or leave it out "
+                    "with include=... (mcp[include=A+B]:SERVER)"
+                )
+            merged[t.name] = t
         self.toolset = Toolset(list(merged.values()), max_parallel=self.toolset.max_parallel)
 
     def prompt(self, task: Task) -> list[Message]:

@@ -47,6 +47,7 @@ USERS = {
     "tests/search/test_search_index.py",
     "tests/trainers/test_async_vllm.py",
     "tests/trainers/test_sft_calc.py",
+    "tests/trainers/test_trainer_worker.py",
     "tests/test_viewer.py",
 }
 

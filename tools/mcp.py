@@ -30,7 +30,8 @@ from typing import Any
 
 from agentloop.errors import ConfigError, ToolError, did_you_mean
 from agentloop.tools.context import ToolContext
-from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded
+from agentloop.tools.mcp_schema import SchemaCheck
+from agentloop.tools.runtime import CANCEL_GRACE_S, DeadlineExceeded, call_with_deadline
 from agentloop.tools.tool import Tool
 from agentloop.tools.toolset import ToolOutput
 
@@ -81,12 +82,17 @@ class MCPServerSpec:
     """Each tool of the server: calls start at most this often per second, across episodes."""
     include: tuple[str, ...] | None = None
     """Only these tools of the server (None: all)."""
+    replace: tuple[str, ...] = ()
+    """Tools of the server that may take the place of an env's tool of the same name (e.g.
+    ``python``: the model's code then runs in that server, not in agentloop's sandbox); any
+    other name clash is a ``ConfigError``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in dict(self.env).items()))
         if self.include is not None:
             object.__setattr__(self, "include", tuple(self.include))
+        object.__setattr__(self, "replace", tuple(self.replace))
         if bool(self.command) == bool(self.url):
             raise ConfigError(
                 f"an MCP server needs a command (stdio) or a url (HTTP), not "
@@ -128,6 +134,7 @@ _OPTIONS: dict[str, Callable[[str], Any]] = {
     "timeout_s": float,
     "startup_timeout_s": float,
     "include": lambda text: tuple(text.split("+")),
+    "replace": lambda text: tuple(text.split("+")),
 }
 _EXAMPLE = "e.g. 'mcp[max_concurrency=2,timeout_s=10,include=add+python]:python server.py'"
 
@@ -135,7 +142,7 @@ _EXAMPLE = "e.g. 'mcp[max_concurrency=2,timeout_s=10,include=add+python]:python 
 def parse_tool_spec(spec: str) -> MCPServerSpec:
     """A ``--tools`` (or ``data.tools``) value: ``mcp:COMMAND ARGS…`` or ``mcp:http://…/mcp``,
     with options in brackets: ``mcp[max_concurrency=2,timeout_s=10]:COMMAND ARGS…``; the keys are
-    ``MCPServerSpec``'s limits (``include`` lists tools joined by ``+``)."""
+    ``MCPServerSpec``'s limits (``include`` and ``replace`` list tools joined by ``+``)."""
     if spec.startswith("mcp["):
         head, sep, server = spec[len("mcp[") :].partition("]:")
         try:
@@ -237,22 +244,57 @@ async def _stop_owner(owner: asyncio.Task[None], stop: asyncio.Event) -> None:
 
 
 # ---------------------------------------------------------------------- tools
+@dataclass(frozen=True, eq=False)
 class MCPTool(Tool):
     """A ``Tool`` calling one tool of an MCP server; arguments are checked against the
-    server's input schema before the call (a mismatch is an ``invalid_arguments`` error)."""
+    server's input schema before the call (a mismatch is an ``invalid_arguments`` error).
 
-    def bind_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+    The check runs on a thread, its regex matches bounded by ``check_timeout_s`` (the server's
+    ``timeout_s``): a schema whose ``pattern`` backtracks never stalls the event loop, and a
+    check past its deadline is a ``timeout`` error observation (:mod:`agentloop.tools.mcp_schema`).
+    """
 
+    check_timeout_s: float = 30.0
+    server: str = ""
+    """The server's label (its URL or command line)."""
+
+    @property
+    def origin(self) -> str:
+        return f"the MCP server {self.server!r}"
+
+    @functools.cached_property
+    def _check(self) -> SchemaCheck | None:
+        return SchemaCheck.of(self.parameters, self.check_timeout_s)
+
+    def bind_arguments(
+        self, arguments: Mapping[str, Any], watch: list[str] | None = None
+    ) -> dict[str, Any]:
         args = json.loads(json.dumps(dict(arguments), default=list))  # frozen → plain JSON
-        try:
-            jsonschema.validate(args, self.parameters)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise ToolError(f"{self.signature}: {where}: {exc.message}") from None
-        except jsonschema.SchemaError:  # the server's schema is broken: let the server judge
-            pass
+        check = self._check
+        error = check.first_error(args, watch) if check is not None else None  # None: server's
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ToolError(f"{self.signature}: {where}: {error.message}")
         return dict(args)
+
+    async def bind_arguments_async(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        watch: list[str] = []  # what the check is matching, when the wait gives up
+        try:
+            bound: dict[str, Any] = await call_with_deadline(
+                self.bind_arguments,
+                {"arguments": arguments, "watch": watch},
+                is_async=False,
+                timeout_s=self.check_timeout_s,
+                name=self.name,
+            )
+        except DeadlineExceeded:
+            doing = f" ({watch[0]})" if watch else ""
+            raise DeadlineExceeded(
+                f"tool {self.name!r}: checking the arguments against the server's input schema "
+                f"did not finish within {self.check_timeout_s}s (the tool's timeout_s){doing}; "
+                "send a shorter or simpler value"
+            ) from None
+        return bound
 
 
 def _session_key(spec: MCPServerSpec) -> str:
@@ -272,6 +314,8 @@ def _make_call(spec: MCPServerSpec, name: str) -> Any:
             raise ToolError(
                 f"the MCP server {spec.label!r} failed ({_reason(exc)}); it may have stopped"
             ) from exc
+        if any(getattr(block, "type", None) == "image" for block in result.content):
+            return await asyncio.to_thread(_render, result)  # decoding pixels: off the loop
         return _render(result)
 
     return call
@@ -352,6 +396,8 @@ def mcp_tools_from_schemas(spec: MCPServerSpec, schemas: Sequence[MCPToolSchema]
             max_concurrency=spec.max_concurrency,
             rate_limit_per_s=spec.rate_limit_per_s,
             context_param=_CONTEXT_PARAM,
+            check_timeout_s=spec.timeout_s,
+            server=spec.label,
         )
         for s in schemas
     ]

@@ -7,11 +7,19 @@ the episode's identity that :func:`episode_scope` set (the rollout loop sets it)
 every call that reaches a tool through it. Nothing else changes: the env, its tools and the
 rollout loop are the same with or without a tape.
 
-The file, ``DIR/tool_calls.jsonl``, has one JSON object per call (format ``v`` 1)::
+The file, ``DIR/tool_calls.jsonl``, opens with a header line naming the env, then has one
+JSON object per call (format ``v`` 2; :mod:`agentloop.tools.tape_file` checks it)::
 
-    {"v": 1, "task_id": "calc-test-000003", "sample_index": 0, "turn": 0, "call_index": 0,
-     "tool": "python", "arguments": {"code": "print(2+2)"}, "content": "4",
-     "error_kind": null, "latency_s": 0.21, "images": [{"png": "<base64>"}]}
+    {"v": 2, "header": {"env": "agentloop/Calc-v0"}, "sum": "…"}
+    {"v": 2, "task_id": "calc-test-000003", "sample_index": 0, "turn": 0, "call_index": 0,
+     "tool": "python", "schema": "<sha256 of the tool's schema>", "arguments": {"code": "…"},
+     "content": "4", "error_kind": null, "latency_s": 0.21, "images": [{"png": "<base64>"}],
+     "sum": "<sha256 of the previous sum and this line>"}
+
+A replay refuses, at load and naming file:line, a malformed record or one whose checksum does
+not match (an edited tape), and a tape whose header names another env; a call recorded with
+another schema of its tool is a miss. A replayed wait (``latency=recorded``) lasts at most the
+tool's own ``timeout_s``; a recorded call slower than that replays as a ``timeout`` error.
 
 The key is (task_id, sample_index, turn, call_index, tool, canonical arguments); ``turn`` counts
 the episode's tool-calling turns from 0 and the arguments are compared as canonical JSON (sorted
@@ -39,6 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from agentloop.errors import ConfigError, ToolError
+from agentloop.tools.tape_file import VERSION, TapeHeader, encode_line, parse_tape, sealed_lines
 
 __all__ = [
     "TAPE_FILE",
@@ -58,7 +67,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TAPE_FILE = "tool_calls.jsonl"
-_VERSION = 1
 
 
 class ReplayMiss(enum.StrEnum):
@@ -177,23 +185,14 @@ def _thaw(value: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class RecordedCall:
     """A call's outcome as recorded: text, error kind (a ``ToolErrorKind`` value), latency,
-    images (PIL, decoded when read)."""
+    images (PIL, decoded when read), and the SHA-256 of the tool's schema (None or empty: an
+    older tape's, served to any schema)."""
 
     content: str
     error_kind: str | None
     latency_s: float
     images: tuple[Any, ...] = ()
-
-
-def _key_of(record: Mapping[str, Any]) -> CallKey:
-    return CallKey(
-        str(record["task_id"]),
-        int(record["sample_index"]),
-        int(record["turn"]),
-        int(record["call_index"]),
-        str(record["tool"]),
-        CallKey.canonical(record["arguments"]),
-    )
+    schema: str | None = None
 
 
 def _encode_image(image: Any) -> dict[str, str]:
@@ -204,34 +203,15 @@ def _encode_image(image: Any) -> dict[str, str]:
     return {"png": base64.b64encode(buf.getvalue()).decode()}
 
 
-def _decode_image(entry: Mapping[str, str]) -> Any:
-    if "bytes" in entry:
-        return base64.b64decode(entry["bytes"])
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(base64.b64decode(entry["png"])))
-    image.load()
-    return image
-
-
 def read_tape(directory: str | Path) -> list[dict[str, Any]]:
-    """The records of ``directory/tool_calls.jsonl`` (a torn last line is skipped)."""
+    """The call records of ``directory/tool_calls.jsonl`` as JSON objects, after the whole tape
+    is checked as a replay checks it (a torn last line is skipped; the header is left out)."""
     path = Path(directory) / TAPE_FILE
-    records = []
-    lines = path.read_bytes().split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as exc:
-            if number == len(lines):  # no newline after it: the writer was killed mid-line
-                log.warning("%s: skipping a torn last line %d", path, number)
-                break
-            raise ConfigError(
-                f"{path}:{number} is not valid JSON ({exc}); remove that line and run again"
-            ) from exc
-    return records
+    header, records = parse_tape(path)
+    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    lines = lines[1:] if header is not None else lines
+    rows = [json.loads(line) for line in lines[: len(records)]]  # (a torn last line: left out)
+    return [{k: v for k, v in row.items() if k != "sum"} for row in rows]
 
 
 def _repair(path: Path) -> None:
@@ -257,66 +237,116 @@ class _Served:
         return call
 
 
+def _check_env(path: Path, header: TapeHeader | None, env: str | None, doing: str) -> None:
+    if env is not None and header is not None and header.env not in (None, env):
+        raise ConfigError(
+            f"{path} was recorded with env {header.env!r}; this run plays {env!r}, so {doing}: "
+            "replay a tape of this env, or record into another directory"
+        )
+
+
 class ToolTape:
     """A run's recording and/or replay source (see the module docstring). Counters
-    ``recorded``, ``replayed`` and ``misses`` say what happened."""
+    ``recorded``, ``replayed`` and ``misses`` say what happened. ``env`` (the env id the run
+    plays) goes into a new tape's header and is checked against a replayed one's."""
 
-    def __init__(self, config: ToolTapeConfig) -> None:
+    def __init__(self, config: ToolTapeConfig, env: str | None = None) -> None:
         self.config = config
         self.recorded = self.replayed = self.misses = 0
         self._index: dict[CallKey, _Served] = {}
+        self._stale: set[CallKey] = set()  # missed: recorded with another schema of the tool
         if config.replay is not None:
-            for record in read_tape(config.replay):
-                self._index.setdefault(_key_of(record), _Served([])).calls.append(_decoded(record))
+            header, records = parse_tape(config.replay / TAPE_FILE)
+            _check_env(config.replay / TAPE_FILE, header, env, "its calls would not match")
+            for r in records:
+                key = CallKey(r.task_id, r.sample_index, r.turn, r.call_index, r.tool,
+                              CallKey.canonical(r.arguments))  # fmt: skip
+                call = RecordedCall(r.content, r.error_kind, r.latency_s, r.images, r.schema)
+                self._index.setdefault(key, _Served([])).calls.append(call)
         self._file = None
+        self._sum = ""
         if config.record is not None:
             config.record.mkdir(parents=True, exist_ok=True)
             path = config.record / TAPE_FILE
             _repair(path)
+            self._sum = self._chain_end(path, env)
             self._file = path.open("a", encoding="utf-8")
+            if not self._sum:  # a new tape: its header first
+                first = sealed_lines(env, [])[0]
+                self._sum = json.loads(first)["sum"]
+                self._file.write(first + "\n")
+                self._file.flush()
+
+    @staticmethod
+    def _chain_end(path: Path, env: str | None) -> str:
+        """The last checksum of the tape at ``path`` that recording appends to ("": new)."""
+        if not path.exists() or not path.read_bytes().strip():
+            return ""
+        header, _ = parse_tape(path)
+        if header is None:
+            raise ConfigError(
+                f"{path} holds a tape of an older format (no header or checksums); record into "
+                "another directory"
+            )
+        _check_env(path, header, env, "its calls would not be told apart")
+        return header.last_sum
 
     @property
     def replaying(self) -> bool:
         return self.config.replay is not None
 
-    def lookup(self, key: CallKey) -> RecordedCall | None:
-        """The recorded outcome of ``key`` (the next one, if it was recorded several times)."""
+    def lookup(self, key: CallKey, schema: str = "") -> RecordedCall | None:
+        """The recorded outcome of ``key`` (the next one, if it was recorded several times);
+        None, a miss, when there is none or it was recorded with another ``schema`` of the tool."""
         served = self._index.get(key)
-        if served is None:
-            self.misses += 1
-            return None
-        self.replayed += 1
-        return served.take()
+        if served is not None:
+            call = served.take()
+            if not call.schema or not schema or call.schema == schema:
+                self.replayed += 1
+                return call
+            self._stale.add(key)
+        self.misses += 1
+        return None
 
-    async def wait(self, call: RecordedCall) -> None:
+    async def wait(self, call: RecordedCall, timeout_s: float) -> bool:
+        """Wait as the recorded call took (``latency=recorded``), at most ``timeout_s`` (the
+        tool's own deadline); False when the recorded call took longer than that."""
         if self.config.latency is ReplayLatency.RECORDED and call.latency_s > 0:
-            await asyncio.sleep(call.latency_s)
+            await asyncio.sleep(min(call.latency_s, timeout_s))
+        return call.latency_s <= timeout_s or self.config.latency is ReplayLatency.ZERO
 
-    def write(self, key: CallKey, outcome: RecordedCall) -> None:
+    def write(self, key: CallKey, outcome: RecordedCall, schema: str = "") -> None:
         if self._file is None:
             return
         record = {
-            "v": _VERSION,
+            "v": VERSION,
             "task_id": key.task_id,
             "sample_index": key.sample_index,
             "turn": key.turn,
             "call_index": key.call_index,
             "tool": key.tool,
+            "schema": schema,
             "arguments": json.loads(key.arguments),
             "content": outcome.content,
             "error_kind": outcome.error_kind,
             "latency_s": outcome.latency_s,
             "images": [_encode_image(im) for im in outcome.images],
         }
-        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        line, self._sum = encode_line(record, self._sum)
+        self._file.write(line + "\n")
         self._file.flush()
         self.recorded += 1
 
     def miss_error(self, key: CallKey) -> str:
+        why = (
+            f"; it was recorded with another schema of tool {key.tool!r} (the tool changed)"
+            if key in self._stale
+            else ""
+        )
         return (
             f"tool call {key.tool}({key.arguments}) of task {key.task_id!r} sample "
             f"{key.sample_index} turn {key.turn} call {key.call_index} is not in the recording "
-            f"{str(self.config.replay)!r} (replay miss policy {self.config.miss.value!r})"
+            f"{str(self.config.replay)!r} (replay miss policy {self.config.miss.value!r}){why}"
         )
 
     def close(self) -> None:
@@ -332,13 +362,6 @@ class ToolTape:
                 "(--replay-miss=fail); the episodes diverged from the recorded run: replay with "
                 "the same model, seeds and settings, or use --replay-miss=live"
             )
-
-
-def _decoded(record: Mapping[str, Any]) -> RecordedCall:
-    images = tuple(_decode_image(e) for e in record.get("images", ()))
-    return RecordedCall(
-        str(record["content"]), record.get("error_kind"), float(record["latency_s"]), images
-    )
 
 
 # ---------------------------------------------------------------------- scopes
@@ -379,11 +402,13 @@ def episode_scope(task_id: str, sample_index: int) -> Iterator[None]:
 class tool_tape:
     """Install a :class:`ToolTape` for the episodes run inside (``with`` or ``async with``);
     ``None`` or an inactive config installs nothing. The tape is closed on exit, and with the
-    ``fail`` miss policy a run that met missing calls raises ``ToolError`` there. Inside a tape
+    ``fail`` miss policy a run that met missing calls raises ``ToolError`` there. ``env`` (the
+    env id) is written into a new tape's header and checked against a replayed tape's. Inside a tape
     of the same config (validation inside a training run) that tape goes on serving: the file
     is opened once and the outer run owns, closes and checks it."""
 
     config: ToolTapeConfig | None
+    env: str | None = None
     tape: ToolTape | None = field(default=None, init=False)
     _token: contextvars.Token[ToolTape | None] | None = field(default=None, init=False)
     _owned: bool = field(default=False, init=False)
@@ -395,7 +420,7 @@ class tool_tape:
         if outer is not None and outer.config == self.config:
             self.tape = outer
             return outer
-        self.tape, self._owned = ToolTape(self.config), True
+        self.tape, self._owned = ToolTape(self.config, self.env), True
         self._token = _TAPE.set(self.tape)
         return self.tape
 

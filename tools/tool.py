@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import math
@@ -16,6 +17,7 @@ import pydantic
 from agentloop.errors import ToolError
 from agentloop.tools.runtime import ToolLimiter, shared_limiter
 from agentloop.tools.schema import bind_arguments, inspect_function, signature_text
+from agentloop.tools.tape_file import schema_sha256
 
 __all__ = ["Tool", "tool"]
 
@@ -101,6 +103,17 @@ class Tool:
             },
         }
 
+    @functools.cached_property
+    def schema_sha256(self) -> str:
+        """The SHA-256 of :attr:`schema` (canonical JSON): a tape records it beside each call."""
+        return schema_sha256(self.schema)
+
+    @property
+    def origin(self) -> str:
+        """Where the tool comes from, for messages: the function's module and name."""
+        module = getattr(self.fn, "__module__", None) or "?"
+        return f"{module}.{getattr(self.fn, '__qualname__', self.name)}"
+
     @property
     def signature(self) -> str:
         """``name(a: integer, b: string = "x")``, as shown to the model in argument errors."""
@@ -115,6 +128,12 @@ class Tool:
         if self.arguments_model is None:
             return dict(arguments)
         return bind_arguments(self.name, self.arguments_model, self.parameters, arguments)
+
+    async def bind_arguments_async(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """What the dispatcher awaits: :meth:`bind_arguments`, here on the loop (a pydantic check
+        is linear-time). A tool whose check may take long (an MCP server's schema) runs it off the
+        loop under a deadline, and raises ``DeadlineExceeded`` past it."""
+        return self.bind_arguments(arguments)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

@@ -222,9 +222,11 @@ class ToolSession:
                 ToolErrorKind.UNKNOWN_TOOL,
             )
         try:
-            kwargs = t.bind_arguments(call.arguments)
+            kwargs = await t.bind_arguments_async(call.arguments)
         except ToolError as e:
             return f"Error: {e}", ToolErrorKind.INVALID_ARGUMENTS
+        except DeadlineExceeded as e:  # a check that could not finish in time (MCP schemas)
+            return f"Error: {e}", ToolErrorKind.TIMEOUT
         if t.context_param is not None:
             kwargs[t.context_param] = self.context
         if self._tape is not None:
@@ -243,11 +245,17 @@ class ToolSession:
     ) -> tuple[str | ToolOutput, ToolErrorKind | None]:
         """Serve the call from the replayed recording (or apply the miss policy), or run it
         live; either way it is written to the recording, if one is being made."""
+        schema = t.schema_sha256
         if tape.replaying:
-            recorded = tape.lookup(key)
+            recorded = tape.lookup(key, schema)
             if recorded is not None:
-                await tape.wait(recorded)
-                tape.write(key, recorded)
+                if not await tape.wait(recorded, t.timeout_s):  # slower than the tool may be
+                    took = f"{recorded.latency_s:.3g}s"
+                    text = (
+                        f"Error: tool {t.name!r} timed out after {t.timeout_s}s (recorded: {took})"
+                    )
+                    recorded = RecordedCall(text, ToolErrorKind.TIMEOUT.value, t.timeout_s)
+                tape.write(key, recorded, schema)
                 kind = ToolErrorKind(recorded.error_kind) if recorded.error_kind else None
                 if recorded.images:
                     return ToolOutput(recorded.content, recorded.images), kind
@@ -260,7 +268,9 @@ class ToolSession:
         content, kind = await _live(t, kwargs, parallel)
         latency = time.perf_counter() - start
         out = content if isinstance(content, ToolOutput) else ToolOutput(content)
-        tape.write(key, RecordedCall(out.text, kind.value if kind else None, latency, out.images))
+        tape.write(
+            key, RecordedCall(out.text, kind.value if kind else None, latency, out.images), schema
+        )
         return content, kind
 
 

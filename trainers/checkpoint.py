@@ -129,20 +129,23 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> RunState | None:
+def load_checkpoint(
+    worker: PolicyWorker, path: str | os.PathLike[str], *, allow_unverified: bool = False
+) -> RunState | None:
     """Restore model, optimizer, scheduler and step from a :func:`save_checkpoint` directory,
     whatever the number of ranks that wrote it; collective. Returns the saved ``run_state``.
 
     Rank 0 first checks every file against the checkpoint's checksums; a damaged checkpoint (or
     an unreadable file) raises :class:`CheckpointError` naming the file, never a raw traceback
-    from torch, and nothing is loaded."""
+    from torch, and nothing is loaded. One without ``checksums.json`` is refused too unless
+    ``allow_unverified`` (``checkpoint.allow_unverified``)."""
     path = Path(path)
     if not (path / _TRAINER_STATE).is_file():
         raise ConfigError(
             f"{str(path)!r} is not a complete checkpoint (no {_TRAINER_STATE}); pass a step_* "
             "directory written by save_checkpoint, or use latest_checkpoint(root)"
         )
-    problem = _verified_on_rank0(worker, path)
+    problem = _verified_on_rank0(worker, path, allow_unverified)
     if problem is not None:
         raise CheckpointError(problem)
     model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer)
@@ -163,15 +166,23 @@ def load_checkpoint(worker: PolicyWorker, path: str | os.PathLike[str]) -> RunSt
     return run_state
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
+def verify_checkpoint(
+    path: str | os.PathLike[str], *, allow_unverified: bool = False
+) -> str | None:
     """None if every file of checkpoint ``path`` matches its checksum, else what is wrong,
-    naming the file. A checkpoint written before checksums existed passes (with a warning)."""
+    naming the file. A checkpoint without ``checksums.json`` (a copy that left it out, or one
+    of an agentloop older than checksums) is refused unless ``allow_unverified``: then it
+    passes with a warning. Checksums catch damage, not someone who also rewrites the manifest."""
     path = Path(path)
     manifest = path / CHECKSUMS_FILE
     if not manifest.is_file():
-        log.warning(
-            "checkpoint %s has no %s (an older agentloop's): not verified", path, manifest.name
-        )
+        if not allow_unverified:
+            return (
+                f"{manifest} is missing, so the checkpoint's files cannot be verified (a copy "
+                f"that left it out, or an agentloop older than checksums wrote it); restore it, "
+                "or load the checkpoint unverified with checkpoint.allow_unverified=true"
+            )
+        log.warning("checkpoint %s has no %s: not verified (allow_unverified)", path, manifest.name)
         return None
     try:
         files = json.loads(manifest.read_text())["files"]
@@ -205,19 +216,22 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+def resume_checkpoint(
+    root: str | os.PathLike[str], *, allow_unverified: bool = False
+) -> Path | None:
     """The newest *intact* checkpoint under ``root`` for ``resume=auto``, or None when there is
     none at all.
 
     A newer checkpoint whose files fail their checksums is skipped, with a warning naming the
-    file; the choice and what was skipped are written to ``root/resume.json``, so the run's own
+    file (so is one without ``checksums.json``, unless ``allow_unverified``); the choice and
+    what was skipped are written to ``root/resume.json``, so the run's own
     records say which checkpoint it continued from and why. When every checkpoint is damaged it
     raises :class:`CheckpointError` (quietly starting over would throw the run's steps away)."""
     root = Path(root)
     skipped: list[dict[str, str]] = []
     chosen = None
     for path in reversed(_step_dirs(root)):
-        problem = verify_checkpoint(path)
+        problem = verify_checkpoint(path, allow_unverified=allow_unverified)
         if problem is None:
             chosen = path
             break
@@ -252,9 +266,11 @@ def _write_checksums(directory: Path) -> None:
     (directory / CHECKSUMS_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def _verified_on_rank0(worker: PolicyWorker, path: Path) -> str | None:
+def _verified_on_rank0(worker: PolicyWorker, path: Path, allow_unverified: bool) -> str | None:
     """:func:`verify_checkpoint` on rank 0 (one read of the files), its verdict sent to all."""
-    verdict = [verify_checkpoint(path) if worker.rank == 0 else None]
+    verdict = [
+        verify_checkpoint(path, allow_unverified=allow_unverified) if worker.rank == 0 else None
+    ]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(verdict, src=0)
     return verdict[0]

@@ -259,10 +259,13 @@ class ColocatedWorker:
 
         return str(await self._torch(save))
 
-    async def load_checkpoint(self, path: str) -> RunState | None:
+    async def load_checkpoint(self, path: str, allow_unverified: bool = False) -> RunState | None:
         from agentloop.trainers.checkpoint import load_checkpoint
 
-        return await self._torch(load_checkpoint, self._policy(), path)
+        def load() -> RunState | None:
+            return load_checkpoint(self._policy(), path, allow_unverified=allow_unverified)
+
+        return await self._torch(load)
 
     async def export(self, path: str) -> None:
         """Write the policy as a plain HF model dir (rank 0 writes; collective)."""

@@ -89,7 +89,8 @@ class DataConfig:
     tools: list[str] = field(default_factory=list)
     """Extra tools for the env (a ``ToolEnv``), as ``agentloop eval --tools`` takes them:
     ``mcp:COMMAND ARGS`` (an MCP server over stdio, a process per episode) or
-    ``mcp:http://HOST:PORT/mcp`` (streamable HTTP); one named like an env tool replaces it.
+    ``mcp:http://HOST:PORT/mcp`` (streamable HTTP); one named like an env tool is an error
+    unless the spec says ``replace=NAME`` (``mcp[replace=python]:…``).
     Training and validation episodes get them; with ``rollout.tools_replay`` they are made from
     the recording's schemas, without the servers."""
     train_split: str = "train"
@@ -441,6 +442,10 @@ class CheckpointConfig:
     export_final: bool = True
     """After the last step, write the model as a plain HF model dir (``final/`` for GRPO,
     ``model/`` for SFT, under ``trainer.out_dir``) for ``agentloop eval`` and vLLM."""
+    allow_unverified: bool = False
+    """Load a checkpoint that has no ``checksums.json`` (one copied without it, or written by
+    an agentloop older than checksums) unverified, with a warning. Off: it is refused
+    (``resume=auto`` falls back to an older verified checkpoint)."""
 
     def __post_init__(self) -> None:
         _check(

@@ -124,8 +124,12 @@ class WorkerGroup:
         paths = await self._broadcast("save_checkpoint", str(root), step, run_state, keep_last)
         return Path(paths[0])
 
-    async def load_checkpoint(self, path: Path) -> RunState | None:
-        states: list[RunState | None] = await self._broadcast("load_checkpoint", str(path))
+    async def load_checkpoint(
+        self, path: Path, *, allow_unverified: bool = False
+    ) -> RunState | None:
+        states: list[RunState | None] = await self._broadcast(
+            "load_checkpoint", str(path), allow_unverified
+        )
         return states[0]
 
     async def export(self, path: Path) -> None:

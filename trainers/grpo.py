@@ -152,7 +152,7 @@ async def train_async(
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with (
         open_worker_group(cfg, model_dir, engine=engine) as group,
-        tool_tape(cfg.rollout.tool_io()),  # tool calls recorded / replayed, if asked
+        tool_tape(cfg.rollout.tool_io(), env=cfg.data.env),  # tool calls taped, if asked
     ):
         meter = BusyMeter(group.engine) if group.engine is not None else None
         async with _collector(cfg, meter, env_of, builder) as play:
@@ -455,10 +455,14 @@ async def _restore(run: _Run) -> RunState | None:
     resume = run.cfg.checkpoint.resume
     if resume == "never":
         return None
-    path = resume_checkpoint(run.out / "checkpoints") if resume == "auto" else Path(resume)
+    unverified = run.cfg.checkpoint.allow_unverified
+    root = run.out / "checkpoints"
+    path = (
+        resume_checkpoint(root, allow_unverified=unverified) if resume == "auto" else Path(resume)
+    )
     if path is None:
         return None
-    state = await run.group.load_checkpoint(path)
+    state = await run.group.load_checkpoint(path, allow_unverified=unverified)
     if state is None:
         raise ConfigError(
             f"checkpoint {path} holds no RL run state (an SFT checkpoint, or one written by an "

@@ -164,9 +164,13 @@ def _resume(worker: PolicyWorker, cfg: SFTConfig, ckpt_root: Path) -> None:
     resume = cfg.checkpoint.resume
     if resume == "never":
         return
-    path = resume_checkpoint(ckpt_root) if resume == "auto" else Path(resume)
+    unverified = cfg.checkpoint.allow_unverified
+    if resume == "auto":
+        path = resume_checkpoint(ckpt_root, allow_unverified=unverified)
+    else:
+        path = Path(resume)
     if path is not None:
-        load_checkpoint(worker, path)
+        load_checkpoint(worker, path, allow_unverified=unverified)
         _print(worker, f"resumed from {path} at step {worker.step}")
 
 

@@ -30,6 +30,7 @@ from agentloop.eval import EvalConfig, eval_async
 from agentloop.io import read_jsonl
 from agentloop.rollout import RolloutConfig
 from agentloop.tools.recording import TAPE_FILE, ToolTapeConfig, read_tape
+from agentloop.tools.tape_file import seal
 from agentloop.tools.tool_specs import SCHEMAS_FILE, read_schemas
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -91,12 +92,13 @@ def _calls(tape: Path) -> list[tuple[Any, ...]]:
 def _edited(tape: Path, out: Path) -> tuple[Path, tuple[str, int]]:
     """A copy of ``tape`` in which one episode's calls have other arguments; that episode."""
     out.mkdir()
-    lines = [json.loads(line) for line in (tape / TAPE_FILE).read_text().splitlines()]
+    lines = [json.loads(line) for line in (tape / TAPE_FILE).read_text().splitlines()][1:]
     victim = (lines[0]["task_id"], lines[0]["sample_index"])
     for line in lines:
         if (line["task_id"], line["sample_index"]) == victim:
             line["arguments"] = {"code": "print('not what the model wrote')"}
     (out / TAPE_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    seal(out)  # edited on purpose: checksummed again (an unsealed edit is refused)
     return out, victim
 
 
@@ -176,7 +178,7 @@ async def test_multi_turn_calc_through_an_mcp_server_recorded_and_replayed_witho
     # engine plays (the vLLM record/replay is the test above; this one is about the MCP server).
     server = tmp_path / "server.py"
     shutil.copy(SERVER, server)
-    spec = f"mcp[timeout_s=60]:{sys.executable} {server} --only python"
+    spec = f"mcp[timeout_s=60,replace=python]:{sys.executable} {server} --only python"
     tape = tmp_path / "tape"
     one_task = ("--num-tasks", "1", "--env-arg", "sandbox=remote", "--tools", spec)
     _ok(await _eval_cli(calc_caller_dir, tmp_path / "mcp", *one_task, "--record", str(tape),

@@ -321,13 +321,17 @@ def test_an_mcp_limit_set_in_the_tool_spec_holds_through_agentloop_eval(
         return [int(c) for c in answered]
 
     try:
-        assert max(peaks(tmp_path / "free", f"mcp:{url}")) >= 2  # episodes overlap their calls
-        assert set(peaks(tmp_path / "one", f"mcp[max_concurrency=1,timeout_s=60]:{url}")) == {1}
+        assert (
+            max(peaks(tmp_path / "free", f"mcp[replace=python]:{url}")) >= 2
+        )  # episodes overlap their calls
+        assert set(
+            peaks(tmp_path / "one", f"mcp[max_concurrency=1,timeout_s=60,replace=python]:{url}")
+        ) == {1}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     config = json.loads((tmp_path / "one" / "config.json").read_text())
-    assert config["tools"] == [f"mcp[max_concurrency=1,timeout_s=60]:{url}"]
+    assert config["tools"] == [f"mcp[max_concurrency=1,timeout_s=60,replace=python]:{url}"]
 
 
 async def test_an_http_server_stopped_mid_episode_is_a_named_error_not_a_hang() -> None:

@@ -3,6 +3,10 @@ policy; the file is append-only, keyed per episode/turn/call, and survives a tor
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import dataclasses
+import io
 import json
 import re
 from pathlib import Path
@@ -19,6 +23,7 @@ from agentloop.tools.recording import (
     read_tape,
     tool_tape,
 )
+from agentloop.tools.tape_file import seal
 from agentloop.types import ToolCall
 
 CALLS: list[str] = []
@@ -74,7 +79,7 @@ async def test_replay_serves_the_recording_without_running_tools(tmp_path: Path)
         (0, 1, "square"),
         (1, 0, "shout"),
     ]
-    assert {r["task_id"] for r in records} == {"t1"} and records[0]["v"] == 1
+    assert {r["task_id"] for r in records} == {"t1"} and records[0]["v"] == 2
 
     CALLS.clear()
     with tool_tape(ToolTapeConfig(replay=tmp_path / "rec")) as tape, episode_scope("t1", 0):
@@ -136,8 +141,9 @@ async def test_a_key_recorded_twice_is_served_in_order(tmp_path: Path) -> None:
     with tool_tape(ToolTapeConfig(record=rec)):
         await _episode("t", 0, [[ToolCall("shout", {"text": "one"})]])
     lines = (rec / TAPE_FILE).read_text().splitlines()
-    second = {**json.loads(lines[0]), "content": "SECOND"}
-    (rec / TAPE_FILE).write_text(lines[0] + "\n" + json.dumps(second) + "\n")
+    second = {**json.loads(lines[1]), "content": "SECOND"}
+    (rec / TAPE_FILE).write_text("\n".join([*lines, json.dumps(second)]) + "\n")
+    seal(rec)  # edited on purpose: checksummed again
     call = [[ToolCall("shout", {"text": "one"})]]
     with tool_tape(ToolTapeConfig(replay=rec)):
         got = [await _episode("t", 0, call) for _ in range(3)]
@@ -238,3 +244,116 @@ async def test_a_shipped_recording_stands_in_for_the_sandbox(
                         env_kwargs={"sandbox": dead}, rollout=rollout, tool_io=tape)  # fmt: skip
     summary = await eval_async(config, engine=engine, progress=False)
     assert summary.stop_reasons == {"done": 3} and summary.reward.mean == 1.0
+
+
+async def _recorded(tmp_path: Path) -> Path:
+    """A one-call recording of ``shout`` made with env id ``shouting``."""
+    rec = tmp_path / "src"
+    with tool_tape(ToolTapeConfig(record=rec), env="shouting"):
+        await _episode("t", 0, [[ToolCall("shout", {"text": "x"})]])
+    return rec
+
+
+def _edited(rec: Path, out: Path, edit: Any, *, sealed: bool = True) -> Path:
+    """A copy of ``rec`` whose call record ``edit`` changed (a dict, or the line's new text),
+    checksummed again (so the field checks, not the checksum, meet it) unless told not to."""
+    out.mkdir()
+    header, call = (rec / TAPE_FILE).read_text().splitlines()
+    changed = edit(json.loads(call))
+    compact = (",", ":")  # as written: a changed value, not a changed layout
+    line = changed if isinstance(changed, str) else json.dumps(changed, separators=compact)
+    (out / TAPE_FILE).write_text(f"{header}\n{line}\n")
+    if sealed:
+        seal(out)
+    return out
+
+
+def _bomb() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (4000, 4000)).save(buf, format="PNG")  # 16 Mpx > the limit set below
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+MALFORMED: dict[str, tuple[Any, str]] = {
+    "empty object": (lambda r: "{}", r"lacks task_id, sample_index"),
+    "a word for a number": (
+        lambda r: {**r, "sample_index": "zero"}, r"sample_index='zero' is not an integer"),
+    "null turn": (lambda r: {**r, "turn": None}, r"turn=None is not an integer"),
+    "a boolean for a number": (
+        lambda r: {**r, "call_index": True}, r"call_index=True is not an integer"),
+    "unknown error kind": (
+        lambda r: {**r, "error_kind": "bogus"}, r"error_kind='bogus' is unknown; use null or"),
+    "infinite latency": (
+        lambda r: {**r, "latency_s": float("inf")}, r"latency_s=inf must be a finite number"),
+    "bad base64": (
+        lambda r: {**r, "images": [{"png": "!!!notbase64"}]}, r"image 0 cannot be read \(Error"),
+    "image bomb": (
+        lambda r: {**r, "images": [{"png": _bomb()}]}, r"image 0 is refused \(DecompressionBomb"),
+    "images not a list": (lambda r: {**r, "images": "x"}, r"images='x' is not a list"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+async def test_every_malformed_record_is_a_config_error_naming_file_and_line(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4_000_000)  # a small bomb: 2x of it is refused
+    edit, message = MALFORMED[case]
+    tape = _edited(await _recorded(tmp_path), tmp_path / "bad", edit)
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(tape / TAPE_FILE))}:2(:| ).*{message}"):
+        tool_tape(ToolTapeConfig(replay=tape)).__enter__()
+
+
+async def test_an_edited_tape_is_refused_and_a_sealed_one_is_served(tmp_path: Path) -> None:
+    rec = await _recorded(tmp_path)
+    edit = lambda r: {**r, "content": "99 (edited)"}  # noqa: E731
+    unsealed = _edited(rec, tmp_path / "edited", edit, sealed=False)
+    with pytest.raises(ConfigError, match=r"tool_calls\.jsonl:2 does not match its checksum.*seal"):
+        tool_tape(ToolTapeConfig(replay=unsealed)).__enter__()
+    spaced = lambda r: json.dumps(r)  # noqa: E731 -- the same values, saved with spaces
+    resaved = _edited(rec, tmp_path / "resaved", spaced, sealed=False)
+    with pytest.raises(ConfigError, match=r"tool_calls\.jsonl:2 has no checksum at its end"):
+        tool_tape(ToolTapeConfig(replay=resaved)).__enter__()
+    dropped = tmp_path / "dropped"  # the header's line removed: line 1 is no header any more
+    dropped.mkdir()
+    (dropped / TAPE_FILE).write_text((rec / TAPE_FILE).read_text().split("\n", 1)[1])
+    with pytest.raises(ConfigError, match=r"tool_calls\.jsonl:1 (is not a tape header|does not)"):
+        tool_tape(ToolTapeConfig(replay=dropped)).__enter__()
+    with tool_tape(ToolTapeConfig(replay=_edited(rec, tmp_path / "sealed", edit))):
+        assert await _episode("t", 0, [[ToolCall("shout", {"text": "x"})]]) == [["99 (edited)"]]
+
+
+async def test_a_tape_of_another_env_or_tool_schema_is_not_served(tmp_path: Path) -> None:
+    rec = await _recorded(tmp_path)
+    assert json.loads((rec / TAPE_FILE).read_text().splitlines()[0])["header"] == {
+        "env": "shouting"
+    }
+    with pytest.raises(ConfigError, match=r"recorded with env 'shouting'; this run plays 'other'"):
+        tool_tape(ToolTapeConfig(replay=rec), env="other").__enter__()
+    with pytest.raises(ConfigError, match=r"recorded with env 'shouting'; this run plays 'other'"):
+        tool_tape(ToolTapeConfig(record=rec), env="other").__enter__()  # appending to it
+    changed = _edited(rec, tmp_path / "changed", lambda r: {**r, "schema": "0" * 64})
+    with tool_tape(ToolTapeConfig(replay=changed), env="shouting") as tape, episode_scope("t", 0):
+        async with TOOLS.session() as session:
+            (result,) = await session.dispatch([ToolCall("shout", {"text": "x"})])
+    assert result.error_kind is ToolErrorKind.REPLAY_MISS and tape is not None and tape.misses == 1
+    assert "recorded with another schema of tool 'shout'" in result.content
+
+
+async def test_a_replayed_wait_is_bounded_by_the_tools_own_timeout(tmp_path: Path) -> None:
+    """A recorded latency of 1e9 s, replayed with ``latency=recorded``: the call waits the
+    tool's ``timeout_s`` (0.3 s here) and is a timeout error, as the live tool would be."""
+    quick = dataclasses.replace(shout, timeout_s=0.3)
+    rec = await _recorded(tmp_path)
+    slow = _edited(rec, tmp_path / "slow", lambda r: {**r, "latency_s": 1e9})
+    replay = ToolTapeConfig.of(None, str(slow), "error", "recorded")
+    with tool_tape(replay), episode_scope("t", 0):
+        async with Toolset([quick]).session() as session:
+            dispatch = session.dispatch([ToolCall("shout", {"text": "x"})])
+            (result,) = await asyncio.wait_for(dispatch, 30)  # (a hang fails, not blocks)
+    assert result.error_kind is ToolErrorKind.TIMEOUT
+    assert "timed out after 0.3s (recorded: 1e+09s)" in result.content

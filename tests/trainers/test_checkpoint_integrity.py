@@ -95,10 +95,43 @@ def test_other_damage_is_a_clean_error_naming_the_file(
     with pytest.raises(CheckpointError, match=r"\.distcp is missing"):
         load_checkpoint(worker, path)
 
-    # a checkpoint from before checksums: a truncated file is still named, not a torch traceback
+    # a checkpoint from before checksums, loaded unverified on request: a truncated file is
+    # still named, not a torch traceback
     path = save_checkpoint(worker, tmp_path / "c", step=1)
     (path / CHECKSUMS_FILE).unlink()
     state = path / "trainer_state.pt"
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=r"trainer_state\.pt cannot be read"):
-        load_checkpoint(worker, path)
+        load_checkpoint(worker, path, allow_unverified=True)
+
+
+def test_a_checkpoint_without_its_manifest_is_refused_unless_allowed(
+    worker: PolicyWorker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deleted checksums.json does not switch verification off: a bit-flipped shard with no
+    manifest is refused by name (resume=auto falls back to the older verified checkpoint);
+    ``allow_unverified`` (checkpoint.allow_unverified=true) loads it, with a warning."""
+    first = save_checkpoint(worker, tmp_path, step=1)
+    newest = save_checkpoint(worker, tmp_path, step=2)
+    flip_a_bit(a_shard(newest))
+    (newest / CHECKSUMS_FILE).unlink()
+    fix = r"checkpoint\.allow_unverified=true"
+    with pytest.raises(CheckpointError, match=rf"{CHECKSUMS_FILE} is missing.*{fix}"):
+        load_checkpoint(worker, newest)
+    assert resume_checkpoint(tmp_path) == first
+    (skipped,) = json.loads((tmp_path / RESUME_FILE).read_text())["skipped"]
+    assert skipped["path"] == str(newest) and f"{CHECKSUMS_FILE} is missing" in skipped["reason"]
+    with caplog.at_level("WARNING", logger="agentloop.trainers.checkpoint"):
+        assert resume_checkpoint(tmp_path, allow_unverified=True) == newest
+    assert "not verified" in caplog.text
+    (first / CHECKSUMS_FILE).unlink()
+    with pytest.raises(CheckpointError, match=r"every checkpoint under .* is damaged"):
+        resume_checkpoint(tmp_path)
+
+
+def test_the_opt_out_is_a_config_key() -> None:
+    from agentloop.trainers.config import CheckpointConfig, TrainConfig, load_config
+
+    assert CheckpointConfig().allow_unverified is False
+    cfg = load_config(TrainConfig, None, ["checkpoint.allow_unverified=true"])
+    assert cfg.checkpoint.allow_unverified is True

@@ -91,7 +91,7 @@ def test_a_training_run_calls_the_mcp_server_of_data_tools(
 ) -> None:
     """``data.tools`` names an MCP server (stdio, with options) whose ``python`` tool replaces
     Calc's; Calc's own sandbox is unusable (remote, no server), so every answer is the server's."""
-    spec = "mcp[max_concurrency=2,timeout_s=60]:" + shlex.join(
+    spec = "mcp[max_concurrency=2,timeout_s=60,replace=python]:" + shlex.join(
         [sys.executable, str(SERVER), "--only", "python"]
     )
     config = tmp_path / "run.yaml"
