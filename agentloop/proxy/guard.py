@@ -32,7 +32,7 @@ class ServerLimits:
     are open (:class:`~agentloop.proxy.store.EpisodeStore`). ``max_tool_sets``: distinct
     ``tools`` lists whose chat-template builders are kept (least recently used dropped)."""
 
-    max_body_bytes: int = 16 << 20
+    max_body_bytes: int = 8 << 20
     episode_ttl_s: float = 1800.0
     max_episodes: int = 1024
     max_tool_sets: int = 64
@@ -61,11 +61,16 @@ def _too_large(limit: int) -> web.Response:
     )
 
 
-def guard_middleware(tokens: Sequence[bytes], max_body_bytes: int) -> Any:
+def guard_middleware(
+    tokens: Sequence[bytes],
+    max_body_bytes: int,
+    on_too_large: Callable[[web.Request], None] = lambda request: None,
+) -> Any:
     """The app's middleware: with ``tokens``, every request needs ``Authorization: Bearer
     <token>`` (compared in constant time; the episode id then goes in the path); a body over
     ``max_body_bytes`` is a 413 before it is read; a :class:`ProxyRequestError` anywhere is its
-    OpenAI-shaped answer and an unexpected exception a logged JSON 500, never a traceback."""
+    OpenAI-shaped answer and an unexpected exception a logged JSON 500, never a traceback.
+    ``on_too_large(request)`` is told of each 413 (the proxy records it on the episode)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -87,16 +92,19 @@ def guard_middleware(tokens: Sequence[bytes], max_body_bytes: int) -> Any:
                 )
             client = f"token{found}"
         request[CLIENT] = client
-        if (request.content_length or 0) > max_body_bytes:
-            return _too_large(max_body_bytes)  # refused unread; aiohttp discards the rest
         try:
+            if (request.content_length or 0) > max_body_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_body_bytes, request.content_length or 0)
             return await handler(request)
         except ProxyRequestError as exc:
             return _error(exc)
-        except web.HTTPRequestEntityTooLarge:  # a chunked body that grew past the limit
-            return _too_large(max_body_bytes)
-        except web.HTTPException:
-            raise
+        except web.HTTPRequestEntityTooLarge:  # unread (Content-Length) or grown past it
+            on_too_large(request)
+            return _too_large(max_body_bytes)  # aiohttp reads and drops the rest of the body
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(ProxyRequestError(f"{exc.status}: {exc.reason}", status=exc.status))
         except Exception as exc:  # a bug, not the client's doing: JSON 500, logged once
             log.exception("proxy request %s %s failed", request.method, request.path)
             return _error(

@@ -131,10 +131,11 @@ class AgentProxy:
 
     async def start(self) -> None:
         await asyncio.to_thread(self._text_bounds, self.builder)  # a vocabulary scan, once
+        if not self.open_episodes and self._http is None:  # clients come from client():
+            self._http = await asyncio.to_thread(_http_pool)  # loading CA files takes ~0.1 s
         limit = self.server_limits.max_body_bytes
-        app = web.Application(
-            client_max_size=limit, middlewares=[guard_middleware(self.tokens, limit)]
-        )
+        guard = guard_middleware(self.tokens, limit, self._too_large)
+        app = web.Application(client_max_size=limit, middlewares=[guard])
         for prefix in ("", "/episodes/{eid}"):
             app.router.add_get(f"{prefix}/v1/models", self._models)
             app.router.add_post(f"{prefix}/v1/chat/completions", self._chat)
@@ -217,7 +218,7 @@ class AgentProxy:
         import openai
 
         if self._http is None:
-            self._http = openai.DefaultAsyncHttpxClient()
+            self._http = _http_pool()
         return openai.AsyncOpenAI(
             base_url=self.url,
             api_key=episode.id,
@@ -299,6 +300,16 @@ class AgentProxy:
                 )
             episode = self._open(eid, None, None, None, None, client, managed=True)
         return episode
+
+    def _too_large(self, request: web.Request) -> None:
+        """A 413: the request's episode (if it names one) records a context overflow."""
+        self.requests_failed += 1
+        eid = request.match_info.get("eid")
+        if eid is None and not self.tokens:
+            eid = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        episode = self.episodes.lookup(eid or "", _client(request))
+        if episode is not None:
+            episode.limit_hit = StopReason.CONTEXT_OVERFLOW
 
     def _check_model(self, model: str) -> None:
         if model != self.model:
@@ -433,6 +444,13 @@ class AgentProxy:
 
 
 _json = read_json  # the body reader every route uses (kept under its old name)
+
+
+def _http_pool() -> Any:
+    """The connection pool the clients of :meth:`AgentProxy.client` share."""
+    import openai
+
+    return openai.DefaultAsyncHttpxClient()
 
 
 def _client(request: web.Request) -> str | None:
