@@ -127,7 +127,7 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
         help="file with the clients' token(s), one per line (else $AGENTLOOP_PROXY_TOKEN); "
         "with one, the API key is a token and the episode goes in the path",
     )
-    add("--max-body-mb", type=float, default=16.0, help="request body limit (default: 16)")
+    add("--max-body-mb", type=float, default=8.0, help="request body limit (default: 8)")
     add("--episode-ttl-s", type=float, default=1800.0, help="idle episode lifetime (default: 1800)")
     add("--max-episodes", type=int, default=1024, help="open episodes (default: 1024)")
     from agentloop.sandboxes.http_limits import add_http_args

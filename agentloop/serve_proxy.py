@@ -85,7 +85,7 @@ async def serve_proxy(
         await _serve(config, builder, engine, stop or asyncio.Event())
 
 
-def _open_engine(config: ServeProxyConfig) -> Any:
+def _open_engine(config: ServeProxyConfig) -> contextlib.AbstractAsyncContextManager[Engine]:
     from agentloop.eval import EvalConfig, open_engine
     from agentloop.rollout import RolloutConfig
 

@@ -71,7 +71,7 @@ class EpisodeStore(Mapping[str, Episode]):
             self._managed += 1
         self._entries[episode.id] = _Entry(episode, client, self.clock(), managed)
 
-    def pop(self, eid: str, client: str | None = None) -> Episode | None:  # type: ignore[override]
+    def pop(self, eid: str, client: str | None = None) -> Episode | None:
         """Remove ``eid`` (if ``client`` may see it) and return it."""
         entry = self._entries.get(eid)
         if entry is None or (client is not None and entry.owner not in (None, client)):
