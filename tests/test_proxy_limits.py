@@ -198,7 +198,7 @@ async def test_serve_proxy_warns_when_open_beyond_loopback_and_reads_tokens(
     tiny_model_dir: Any, tokenizer: Any, tmp_path: Any, capsys: Any, monkeypatch: Any
 ) -> None:
     from agentloop.errors import ConfigError
-    from agentloop.proxy.serve import ServeProxyConfig, proxy_tokens, serve_proxy
+    from agentloop.serve_proxy import ServeProxyConfig, proxy_tokens, serve_proxy
 
     stop = asyncio.Event()
     stop.set()  # start, print, stop
