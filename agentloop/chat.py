@@ -169,12 +169,18 @@ class TokenBuilder:
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids of the initial prompt, ending with the assistant generation prompt."""
+        return self.encode_text(self.prompt_text(messages), messages)
+
+    def encode_text(self, text: str, messages: Sequence[Message]) -> list[int]:
+        """Encode ``text`` rendered from ``messages``, their images' placeholders expanded."""
+        return self._expand(self.encode(text), messages)
+
+    def prompt_text(self, messages: Sequence[Message]) -> str:
+        """The text :meth:`prompt_ids` encodes (to size a prompt before tokenizing it)."""
         if any(m.role == "assistant" for m in messages):
             # templates branch on assistant content (reasoning blocks): always render those
-            text = self._render_prompt(messages)
-        else:
-            text = self._filled("prompt", messages, self._render_prompt)
-        return self._expand(self.encode(text), messages)
+            return self._render_prompt(messages)
+        return self._filled("prompt", messages, self._render_prompt)
 
     def observation_ids(
         self, observation: Sequence[Message], completion_ids: Sequence[int]
@@ -185,6 +191,12 @@ class TokenBuilder:
         ``<|im_end|>`` but the template continues with ``\\n``; a turn cut by the length limit
         gets its whole closing), then the observation messages, then the generation prompt.
         """
+        return self.encode_text(self.observation_text(observation, completion_ids), observation)
+
+    def observation_text(
+        self, observation: Sequence[Message], completion_ids: Sequence[int]
+    ) -> str:
+        """The text :meth:`observation_ids` encodes."""
         if not observation:
             raise TemplateError("observation_ids needs at least one observation message")
         text = self._assistant_close + self._suffix(observation)
@@ -194,9 +206,8 @@ class TokenBuilder:
             # (GLM's <|observation|>), which must not be appended a second time.
             for stop_text in self._stop_texts.values():
                 if text.startswith(stop_text):
-                    text = text[len(stop_text) :]
-                    break
-        return self._expand(self.encode(text), observation)
+                    return text[len(stop_text) :]
+        return text
 
     def parser_for(self, requested: str) -> str:
         """The tool-call parser for this template: ``requested``, or with ``"auto"`` the one

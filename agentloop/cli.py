@@ -122,6 +122,14 @@ def _add_serve_proxy(parser: argparse.ArgumentParser) -> None:
     add("--max-prompt-len", type=int, default=1024, help="first prompt's tokens (default: 1024)")
     add("--max-response-len", type=int, default=1024, help="tokens after it (default: 1024)")
     add("--parser", default="auto", help="tool-call parser (default: auto, from the template)")
+    add(
+        "--token-file",
+        help="file with the clients' token(s), one per line (else $AGENTLOOP_PROXY_TOKEN); "
+        "with one, the API key is a token and the episode goes in the path",
+    )
+    add("--max-body-mb", type=float, default=8.0, help="request body limit (default: 8)")
+    add("--episode-ttl-s", type=float, default=1800.0, help="idle episode lifetime (default: 1800)")
+    add("--max-episodes", type=int, default=1024, help="open episodes (default: 1024)")
     from agentloop.sandboxes.http_limits import add_http_args
 
     add_http_args(parser)
@@ -138,10 +146,16 @@ def _cmd_serve_proxy(args: argparse.Namespace) -> int:
     import asyncio
 
     from agentloop.proxy.episode import EpisodeLimits
+    from agentloop.proxy.guard import ServerLimits
     from agentloop.sandboxes.http_limits import http_limits_from_args
-    from agentloop.serve_proxy import ServeProxyConfig, serve_proxy
+    from agentloop.serve_proxy import ServeProxyConfig, proxy_tokens, serve_proxy
 
     limits = EpisodeLimits(args.max_turns, args.max_prompt_len, args.max_response_len)
+    server = ServerLimits(
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        episode_ttl_s=args.episode_ttl_s,
+        max_episodes=args.max_episodes,
+    )
     config = ServeProxyConfig(
         model=_named_model(args.model),
         served_model=args.served_model,
@@ -153,6 +167,8 @@ def _cmd_serve_proxy(args: argparse.Namespace) -> int:
         limits=limits,
         parser=args.parser,
         http=http_limits_from_args(args),
+        tokens=proxy_tokens(args.token_file),
+        server=server,
     )
     asyncio.run(serve_proxy(config))
     return 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from agentloop.errors import ConfigError
@@ -14,7 +16,9 @@ __all__ = [
     "TOKEN_ENV",
     "backend_kwargs_from_args",
     "build_parser",
+    "find_token",
     "is_loopback",
+    "read_token_file",
     "read_tokens",
     "warn_open",
 ]
@@ -98,15 +102,31 @@ def read_tokens(args: Any) -> list[str]:
             f"this machine; put it in a file (--token-file PATH) or in ${TOKEN_ENV}"
         )
     if args.token_file is not None:
-        try:
-            with open(args.token_file) as f:
-                tokens = [line.strip() for line in f if line.strip()]
-        except OSError as exc:
-            raise ConfigError(f"--token-file {args.token_file!r} cannot be read: {exc}") from None
-        if not tokens:
-            raise ConfigError(f"--token-file {args.token_file!r} holds no token (one per line)")
-        return tokens
+        return read_token_file(args.token_file)
     return [t.strip() for t in os.environ.get(TOKEN_ENV, "").split(",") if t.strip()]
+
+
+def read_token_file(path: str) -> list[str]:
+    """The tokens in ``path``, one per line (``--token-file``); a missing or empty file is a
+    :class:`ConfigError`."""
+    try:
+        with open(path) as f:
+            tokens = [line.strip() for line in f if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"--token-file {path!r} cannot be read: {exc}") from None
+    if not tokens:
+        raise ConfigError(f"--token-file {path!r} holds no token (one per line)")
+    return tokens
+
+
+def find_token(given: str, tokens: Sequence[bytes]) -> int | None:
+    """The index of ``given`` in ``tokens``, or None; every token is compared, each in
+    constant time, so the answer's timing tells nothing about any token."""
+    found = None
+    for i, token in enumerate(tokens):
+        if hmac.compare_digest(given.encode(errors="replace"), token):
+            found = i
+    return found
 
 
 def is_loopback(host: str) -> bool:
@@ -119,12 +139,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def warn_open(host: str) -> None:
+def warn_open(
+    host: str,
+    *,
+    server: str = "sandbox server",
+    risk: str = "run code on it",
+    env: str = TOKEN_ENV,
+    logger: str = "agentloop.sandboxes.server",
+) -> None:
     """Say on stderr and in the log that a server on ``host`` is open to anyone."""
     message = (
-        f"WARNING: the sandbox server listens on {host} with NO authentication: anyone who can "
-        "reach this port can run code on it. Set a token (--token-file PATH or "
-        "AGENTLOOP_SANDBOX_TOKEN) or bind to 127.0.0.1."
+        f"WARNING: the {server} listens on {host} with NO authentication: anyone who can "
+        f"reach this port can {risk}. Set a token (--token-file PATH or {env}) or bind to "
+        "127.0.0.1."
     )
-    logging.getLogger("agentloop.sandboxes.server").warning(message)
+    logging.getLogger(logger).warning(message)
     print(message, file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -82,7 +82,7 @@ async def agent_rollout(
     reason, error, answer = StopReason.DONE, None, None
     async with shared_proxy(engine, builder, program.model) as proxy:
         episode = proxy.open_episode(
-            f"{task.id}#{sample_index}-{uuid.uuid4().hex[:12]}",
+            f"{task.id}#{sample_index}-{secrets.token_hex(16)}",
             builder=builder,
             limits=_limits(program, config),
             sampling=sampling,

@@ -14,7 +14,7 @@ segment becomes one :class:`~agentloop.types.Trajectory`.
 from __future__ import annotations
 
 import asyncio
-import json
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,47 +22,18 @@ from typing import Any
 
 from agentloop.chat import TokenBuilder
 from agentloop.engines.base import SamplingParams
-from agentloop.errors import ConfigError, TemplateError
-from agentloop.proxy.openai_api import AssistantKey, ProxyRequestError, assistant_key
+from agentloop.errors import ConfigError
+from agentloop.proxy import render
+from agentloop.proxy.errors import ProxyRequestError
+from agentloop.proxy.openai_api import AssistantKey, assistant_key
+from agentloop.proxy.records import EpisodeLimits, EpisodeSampling, TextBounds
+from agentloop.proxy.validate import check_token_ids
 from agentloop.tools import get_parser
 from agentloop.types import Completion, Message, StopReason, ToolCall, Trajectory, Turn
 
-__all__ = ["Episode", "EpisodeLimits", "EpisodeSampling", "Prepared", "Reply"]
+__all__ = ["Episode", "EpisodeLimits", "EpisodeSampling", "Prepared", "Reply", "TextBounds"]
 
 BuilderFor = Callable[[Sequence[Mapping[str, Any]]], TokenBuilder]
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Ceilings of one episode: model requests (``max_turns``), the first prompt's tokens, and
-    tokens after it (``max_response_len``: a segment's tokens after its prompt plus what earlier
-    segments sampled); every segment's context is at most ``max_prompt_len + max_response_len``
-    tokens."""
-
-    max_turns: int = 8
-    max_prompt_len: int = 1024
-    max_response_len: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_prompt_len", "max_response_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"proxy limit {name} must be >= 1, got {getattr(self, name)}")
-
-    @property
-    def max_context(self) -> int:
-        return self.max_prompt_len + self.max_response_len
-
-
-@dataclass(frozen=True)
-class EpisodeSampling:
-    """How the episode samples. ``fixed`` (training, eval): these values, whatever the agent
-    asks, so the trained policy is the one sampled from; otherwise the request's values win."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    fixed: bool = True
 
 
 @dataclass
@@ -138,8 +109,10 @@ class Episode:
         sampling: EpisodeSampling,
         *,
         parser: str = "hermes",
+        bounds: TextBounds | None = None,
     ) -> None:
         self.id = episode_id
+        self.bounds = bounds
         self.builder_for = builder_for
         self.limits, self.sampling = limits, sampling
         self.parser_name, self.parser = parser, get_parser(parser)
@@ -149,9 +122,12 @@ class Episode:
         self.sampled = 0  # tokens sampled in all segments
         self.limit_hit: StopReason | None = None
         self._raw: dict[AssistantKey, str] = {}  # wire form of a reply -> what the model wrote
+        self._call_prefix = secrets.token_hex(4)  # tool-call ids: nothing of the episode id
 
     # -- assembly ----------------------------------------------------------------------------
-    def _count_request(self) -> None:
+    def _check_turns(self) -> None:
+        """Refuse a request past ``max_turns``. A request counts once it is sent to the engine
+        (:meth:`_prepared`): a refused one (malformed, too long) uses no turn."""
         if self.requests >= self.limits.max_turns:
             self.limit_hit = StopReason.MAX_TURNS
             raise ProxyRequestError(
@@ -159,7 +135,28 @@ class Episode:
                 "requests (max_turns); finish with the answer you have",
                 code="max_turns_exceeded",
             )
-        self.requests += 1
+
+    def _check_chars(self, text: str, limit: int, what: str, *, budget: bool = False) -> None:
+        """Refuse ``text`` untokenized if it cannot encode to ``limit`` tokens (see
+        :class:`TextBounds`): the same refusal as after tokenizing, without the cost. ``budget``:
+        ``limit`` is what the response budget has left (a MAX_TOKENS stop)."""
+        most = limit * (self.bounds.max_token_chars if self.bounds else len(text))
+        if len(text) <= most:
+            return
+        self.limit_hit = StopReason.MAX_TOKENS if budget else StopReason.CONTEXT_OVERFLOW
+        left = (
+            f"the {max(limit, 0)} tokens this episode has left (max_response_len "
+            f"{self.limits.max_response_len}, context limit {self.limits.max_context}) can "
+            f"spell at most {max(most, 0)}: none are left to generate for it"
+            if budget
+            else f"more than this episode's limit of {limit} tokens can spell (at most {most} "
+            "characters); shorten the conversation or cut big tool outputs"
+        )
+        raise ProxyRequestError(
+            f"{what} has {len(text)} characters, {left}",
+            param="messages",
+            code="context_length_exceeded",
+        )
 
     def _resolve(self, messages: Sequence[Message | AssistantKey]) -> list[Message]:
         """Assistant messages back to the model's raw text (a reply the proxy gave) or, for
@@ -177,7 +174,7 @@ class Episode:
                     f"model uses {self.parser_name!r}: send replies back as received",
                     param=f"messages[{i}].tool_calls",
                 )
-            out.append(Message("assistant", raw if raw is not None else _markup(m, i)))
+            out.append(Message("assistant", raw if raw is not None else render.markup(m, i)))
         return out
 
     def prepare_chat(
@@ -188,8 +185,10 @@ class Episode:
         temperature: float | None,
         top_p: float | None,
     ) -> Prepared:
-        """The prompt of one chat request: the current segment extended, or a new segment."""
-        self._count_request()
+        """The prompt of one chat request: the current segment extended, or a new segment.
+        Its heavy part (rendering, tokenizing) runs on a worker thread: the proxy calls it in
+        one."""
+        self._check_turns()
         resolved = self._resolve(messages)
         if resolved[-1].role == "assistant":
             raise ProxyRequestError(
@@ -197,7 +196,7 @@ class Episode:
                 "supported: end with a user or tool message",
                 param=f"messages[{len(resolved) - 1}]",
             )
-        tools_key = json.dumps(list(tools), sort_keys=True)
+        tools_key = render.tools_key(tools)
         builder = self.builder_for(list(tools))
         seg = self.segments[-1] if self.segments else None
         extended = self._extension(seg, resolved, tools_key, builder)
@@ -207,8 +206,10 @@ class Episode:
             prompt = seg.token_ids + list(extra)
             prepared_seg, is_new = seg, False
         else:
-            prompt = _render(builder, resolved)
             limit = self.limits.max_prompt_len if not self.segments else self.limits.max_context
+            text = render.rendered(builder, resolved)
+            self._check_chars(text, limit, "the rendered prompt")
+            prompt = render.encoded(builder, text, resolved)
             self._check_len(len(prompt), limit, "the rendered prompt")
             prepared_seg = _Segment(tools_key, list(prompt), len(prompt), list(resolved))
             new, extra, is_new = [], (), True
@@ -237,8 +238,14 @@ class Episode:
             return None
         assert seg.last_sampled is not None
         new = messages[len(seg.messages) :]
-        extra = tuple(_observation_ids(builder, new, seg.last_sampled))
-        return extra if _renders_as(builder, [*seg.token_ids, *extra], messages) else None
+        text = render.observation_text(builder, new, seg.last_sampled)
+        used = len(seg.token_ids) - seg.prompt_len + self.sampled - seg.sampled
+        left = min(
+            self.limits.max_context - len(seg.token_ids), self.limits.max_response_len - used
+        )
+        self._check_chars(text, left, "the new messages' text", budget=True)
+        extra = tuple(render.encoded(builder, text, new))
+        return extra if render.renders_as(builder, [*seg.token_ids, *extra], messages) else None
 
     def prepare_text(
         self,
@@ -248,9 +255,17 @@ class Episode:
         top_p: float | None,
     ) -> Prepared:
         """The prompt of one ``/v1/completions`` request, compared as token ids."""
-        self._count_request()
+        self._check_turns()
         builder = self.builder_for([])
-        ids = builder.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        limit = self.limits.max_prompt_len if not self.segments else self.limits.max_context
+        if isinstance(prompt, str):
+            self._check_chars(prompt, limit, "the prompt")
+            ids = builder.encode(prompt)
+        else:
+            self._check_len(len(prompt), limit, "the prompt")
+            vocab = self.bounds.vocab_size if self.bounds else len(builder.tokenizer)
+            check_token_ids(prompt, vocab)
+            ids = list(prompt)
         seg = self.segments[-1] if self.segments else None
         if (
             seg is not None
@@ -263,7 +278,6 @@ class Episode:
             return self._prepared(
                 seg, False, extra, [], ids, builder, max_tokens, temperature, top_p
             )
-        limit = self.limits.max_prompt_len if not self.segments else self.limits.max_context
         self._check_len(len(ids), limit, "the prompt")
         new_seg = _Segment("", list(ids), len(ids), [], text_mode=True)
         return self._prepared(new_seg, True, (), [], ids, builder, max_tokens, temperature, top_p)
@@ -311,7 +325,8 @@ class Episode:
                 top_k=s.top_k,
                 seed=s.seed,
             )
-        seed = None if s.seed is None else s.seed * 1009 + self.requests
+        turn = self.requests + 1
+        seed = None if s.seed is None else s.seed * 1009 + turn
         try:
             sampling = SamplingParams(
                 max_tokens=min(left, max_tokens or left),
@@ -323,6 +338,7 @@ class Episode:
             )
         except ConfigError as exc:
             raise ProxyRequestError(str(exc), param="temperature") from exc
+        self.requests = turn  # this request goes to the engine: it uses a turn
         return Prepared(seg, is_new, extra, tuple(new), prompt, sampling, builder)
 
     # -- committing an answer ----------------------------------------------------------------
@@ -371,7 +387,7 @@ class Episode:
             content = content.replace(c.raw, "", 1)
         n = sum(len(s.turns) for s in self.segments)
         calls = tuple(
-            ToolCall(c.name, c.arguments, id=f"call_{self.id[-8:]}_{n}_{k}", raw=c.raw)
+            ToolCall(c.name, c.arguments, id=f"call_{self._call_prefix}_{n}_{k}", raw=c.raw)
             for k, c in enumerate(good)
         )
         return calls, content.strip()
@@ -453,47 +469,3 @@ def _same(a: Message, b: Message) -> bool:
         b.tool_call_id,
         b.name,
     )
-
-
-def _renders_as(builder: TokenBuilder, ids: Sequence[int], messages: Sequence[Message]) -> bool:
-    """Whether ``ids`` spell exactly the template's rendering of ``messages`` (plus the
-    generation prompt). A template that fails to render is a no here: the fresh render of the
-    new segment then names the error."""
-    try:
-        expected = builder.render(messages, add_generation_prompt=True)
-    except TemplateError:
-        return False
-    got = builder.tokenizer.decode(
-        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-    )
-    return bool(got == expected)
-
-
-def _render(builder: TokenBuilder, messages: Sequence[Message]) -> list[int]:
-    try:
-        return builder.prompt_ids(messages)
-    except TemplateError as exc:
-        raise ProxyRequestError(
-            f"the chat template cannot render these messages: {exc}", param="messages"
-        ) from exc
-
-
-def _observation_ids(
-    builder: TokenBuilder, new: Sequence[Message], sampled: Sequence[int]
-) -> list[int]:
-    try:
-        return builder.observation_ids(new, sampled)
-    except TemplateError as exc:
-        raise ProxyRequestError(
-            f"the chat template cannot render the new messages: {exc}", param="messages"
-        ) from exc
-
-
-def _markup(key: AssistantKey, index: int) -> str:
-    """An assistant message the model did not write, in the Hermes/Qwen call markup."""
-    content, calls = key
-    blocks = [
-        f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
-        for _, name, args in calls
-    ]
-    return "\n".join([content, *blocks] if content else blocks)

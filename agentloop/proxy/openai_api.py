@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop.errors import AgentLoopError
+from agentloop.proxy.errors import ProxyRequestError, error_body
+from agentloop.proxy.validate import check_tools, opt_bool, opt_int, opt_number, opt_str
 from agentloop.types import Message, ToolCall
 
 __all__ = [
@@ -28,34 +29,6 @@ __all__ = [
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 #: An assistant message as the agent sends it back: (visible content, ((id, name, args json),...))
 AssistantKey = tuple[str, tuple[tuple[str, str, str], ...]]
-
-
-class ProxyRequestError(AgentLoopError):
-    """A request the proxy refuses; answered with OpenAI's error shape and ``status``."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive pickling
-        return (_rebuild, (str(self), self.status, self.param, self.code, self.kind))
-
-
-def _rebuild(message: str, status: int, param: str | None, code: str | None, kind: str) -> Any:
-    return ProxyRequestError(message, status=status, param=param, code=code, kind=kind)
-
-
-def error_body(err: ProxyRequestError) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param", "code"}}``, what the openai SDK parses."""
-    return {"error": {"message": str(err), "type": err.kind, "param": err.param, "code": err.code}}
 
 
 @dataclass(frozen=True)
@@ -95,22 +68,20 @@ def _common(body: Any) -> dict[str, Any]:
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", "body")
     if not isinstance(body.get("model"), str):
         raise _bad("'model' is required: a model name from GET /v1/models", "model")
-    if body.get("n", 1) != 1:
+    if opt_int(body, "n", 1) not in (None, 1):
         raise _bad(f"n={body['n']} is not supported: send one request per sample", "n")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise _bad(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
-    for name in ("temperature", "top_p"):
-        if body.get(name) is not None and not isinstance(body[name], int | float):
-            raise _bad(f"{name} must be a number, got {body[name]!r}", name)
-    options = body.get("stream_options") or {}
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = opt_int(body, key, 1, param="max_tokens")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad(f"stream_options must be an object, got {options!r:.40}", "stream_options")
     return {
         "model": body["model"],
         "max_tokens": max_tokens,
-        "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "stream": bool(body.get("stream")),
-        "include_usage": bool(isinstance(options, dict) and options.get("include_usage")),
+        "temperature": opt_number(body, "temperature", 0.0, 2.0),
+        "top_p": opt_number(body, "top_p", 1e-9, 1.0),
+        "stream": opt_bool(body, "stream"),
+        "include_usage": opt_bool(options or {}, "include_usage"),
     }
 
 
@@ -120,17 +91,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty list of chat messages", "messages")
-    tools = body.get("tools") or []
-    if not isinstance(tools, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools
-    ):
-        raise _bad("'tools' must be a list of {type: function, function: {...}}", "tools")
+    tools = check_tools(body.get("tools"))
     parsed = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages))
-    return ChatRequest(messages=parsed, tools=tuple(tools), **common)
+    return ChatRequest(messages=parsed, tools=tools, **common)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
-    """Check a completions request: ``prompt`` is one string or one list of token ids."""
+    """Check a completions request: ``prompt`` is one string or one list of token ids (the
+    ids' range is checked against the vocabulary by the episode)."""
     common = _common(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
@@ -148,8 +116,8 @@ def _text(content: Any, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"{where}.content[{j}] is a {kind!r} part; only text parts", where)
-            parts.append(str(part.get("text", "")))
+                raise _bad(f"{where}.content[{j}] is a {kind!r:.40} part; only text parts", where)
+            parts.append(opt_str(part, "text", f"{where}.content[{j}]") or "")
         return "".join(parts)
     raise _bad(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
@@ -159,16 +127,20 @@ def _message(m: Any, where: str) -> Message | AssistantKey:
         raise _bad(f"{where} must be an object with 'role' and 'content'", where)
     role = m.get("role")
     content = _text(m.get("content"), where)
+    name = opt_str(m, "name", where)
     if role == "tool":
         call_id = m.get("tool_call_id")
         if not isinstance(call_id, str):
             raise _bad(f"{where} (role tool) needs 'tool_call_id'", f"{where}.tool_call_id")
-        return Message("tool", content, tool_call_id=call_id, name=m.get("name"))
+        return Message("tool", content, tool_call_id=call_id, name=name)
     if role == "assistant":
-        return assistant_key(content, m.get("tool_calls") or [], where)
-    if role not in _ROLES:
+        calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise _bad(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+        return assistant_key(content, calls or [], where)
+    if not isinstance(role, str) or role not in _ROLES:
         raise _bad(
-            f"{where}.role {role!r} is not one of system, developer, user, assistant, tool",
+            f"{where}.role {role!r:.40} is not one of system, developer, user, assistant, tool",
             f"{where}.role",
         )
     return Message(_ROLES[role], content)  # type: ignore[arg-type]
@@ -183,6 +155,7 @@ def assistant_key(content: str, calls: Sequence[Any], where: str = "message") ->
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _bad(f"{at} needs function.name and function.arguments", at)
+        call_id = opt_str(c, "id", at) or ""
         args = fn.get("arguments") or "{}"
         try:
             parsed = json.loads(args) if isinstance(args, str) else args
@@ -194,7 +167,7 @@ def assistant_key(content: str, calls: Sequence[Any], where: str = "message") ->
             ) from exc
         if not isinstance(parsed, dict):
             raise _bad(f"{at}.function.arguments must be a JSON object", at)
-        out.append((str(c.get("id") or ""), fn["name"], json.dumps(parsed, sort_keys=True)))
+        out.append((call_id, fn["name"], json.dumps(parsed, sort_keys=True)))
     return content.strip(), tuple(out)
 
 

@@ -6,16 +6,23 @@ generated (the engine protocol is token-in/token-out), in OpenAI's chunk format:
 stream work unchanged, but see the first chunk only at the end of generation. The episode a
 request belongs to is the client's API key (``Authorization: Bearer <episode id>``) or a base-URL
 path ``/episodes/<episode id>/v1``, so an unmodified ``openai.AsyncOpenAI(base_url=...,
-api_key=episode_id)`` works. Every request is rendered with the chat template, generated
-token-in/token-out, and recorded per episode (:class:`~agentloop.proxy.episode.Episode`).
+api_key=episode_id)`` works; with ``tokens`` the API key is a token and the episode is in the
+path. Every request is rendered with the chat template, generated token-in/token-out, and
+recorded per episode (:class:`~agentloop.proxy.episode.Episode`); rendering and tokenizing run
+on worker threads, after a size check that refuses what cannot fit without tokenizing it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
+import secrets
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,16 +34,18 @@ from agentloop.engines.base import Engine, generate
 from agentloop.errors import AgentLoopError
 from agentloop.io import trajectory_to_dict
 from agentloop.proxy.episode import Episode, EpisodeLimits, EpisodeSampling, Prepared, Reply
+from agentloop.proxy.errors import ProxyRequestError, error_body
+from agentloop.proxy.guard import CLIENT, ServerLimits, guard_middleware, read_json
 from agentloop.proxy.openai_api import (
-    ProxyRequestError,
     chat_response,
     chat_stream_chunks,
     completion_response,
     completion_stream_chunks,
-    error_body,
     parse_chat_request,
     parse_completion_request,
 )
+from agentloop.proxy.records import TextBounds
+from agentloop.proxy.store import EpisodeStore
 from agentloop.sandboxes.http_limits import HttpLimits
 from agentloop.sandboxes.http_server import HttpServer
 from agentloop.types import StopReason
@@ -47,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["AgentProxy"]
 
 log = logging.getLogger(__name__)
-_MAX_BODY = 64 * 1024 * 1024
+_MAX_ID = 200  # characters of a client-chosen episode id
 
 
 class AgentProxy:
@@ -57,7 +66,13 @@ class AgentProxy:
     their own). ``model`` is the one model name clients may ask for. With ``open_episodes``
     (``agentloop serve-proxy``) an unknown episode id starts an episode with ``limits`` and
     ``sampling``; otherwise episodes are opened by :meth:`open_episode` (training, eval) and a
-    request naming another id is refused.
+    request naming another id is refused. ``POST /episodes`` opens one with an id the proxy
+    draws (192 random bits): the id is the credential to the episode, as an API key is.
+
+    ``tokens`` (one, or one per client): every request needs ``Authorization: Bearer <token>``
+    and names its episode in the path (``/episodes/<id>/v1``); a client sees only the episodes
+    its token opened. ``server`` holds the per-client ceilings (body size, episode lifetime and
+    cap, cached tool sets).
 
     Use ``async with AgentProxy(...) as proxy`` (or :meth:`start` / :meth:`stop`).
     """
@@ -75,6 +90,8 @@ class AgentProxy:
         host: str = "127.0.0.1",
         port: int = 0,
         http: HttpLimits | None = None,
+        tokens: Sequence[str] = (),
+        server: ServerLimits | None = None,
     ) -> None:
         self.engine, self.builder, self.model = engine, builder, model
         self.http_limits = http  # header/body timeouts, connection cap: the servers' transport
@@ -83,10 +100,19 @@ class AgentProxy:
         self.sampling = sampling or EpisodeSampling(fixed=False)
         self.parser = parser
         self.host, self.port = host, port
-        self.episodes: dict[str, Episode] = {}
+        self.server_limits = server or ServerLimits()
+        self.tokens = tuple(t.encode() for t in tokens if t)
+        self.episodes = EpisodeStore(
+            self.server_limits.episode_ttl_s, self.server_limits.max_episodes
+        )
         self.requests_served = 0
         self.requests_failed = 0
-        self._builders: dict[tuple[int, str], tuple[TokenBuilder, TokenBuilder]] = {}
+        # (id(base), digest of the tools) -> (base kept alive, builder); least recently used first
+        self._builders: OrderedDict[tuple[int, str], tuple[TokenBuilder, TokenBuilder]] = (
+            OrderedDict()
+        )
+        self._builders_lock = threading.Lock()  # episodes prepare requests on worker threads
+        self._bounds: dict[int, tuple[TokenBuilder, TextBounds]] = {}
         self._server: HttpServer | None = None
         self._http: Any = None  # the clients' shared httpx pool, made on first use
 
@@ -104,11 +130,17 @@ class AgentProxy:
         return f"http://{self.host}:{self.port}/v1"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=_MAX_BODY)
+        await asyncio.to_thread(self._text_bounds, self.builder)  # a vocabulary scan, once
+        if not self.open_episodes and self._http is None:  # clients come from client()
+            self._http = await asyncio.to_thread(_http_pool)  # (importing openai: off the loop)
+        limit = self.server_limits.max_body_bytes
+        guard = guard_middleware(self.tokens, limit, self._too_large)
+        app = web.Application(client_max_size=limit, middlewares=[guard])
         for prefix in ("", "/episodes/{eid}"):
             app.router.add_get(f"{prefix}/v1/models", self._models)
             app.router.add_post(f"{prefix}/v1/chat/completions", self._chat)
             app.router.add_post(f"{prefix}/v1/completions", self._completions)
+        app.router.add_post("/episodes", self._new_episode)
         app.router.add_get("/episodes/{eid}", self._get_episode)
         app.router.add_delete("/episodes/{eid}", self._delete_episode)
         self._server = HttpServer(app, self.http_limits, loggers=(__name__,))
@@ -143,10 +175,22 @@ class AgentProxy:
     ) -> Episode:
         """Start recording an episode; its id is what the agent's client sends as API key.
         ``parser`` (default: the proxy's) reads tool calls out of the model's text; ``auto``
-        is the one the chat template implies."""
-        eid = episode_id or f"ep-{uuid.uuid4().hex}"
-        if eid in self.episodes:
-            raise AgentLoopError(f"episode {eid!r} is already open; close it first")
+        is the one the chat template implies. Without ``episode_id`` the proxy draws an
+        unguessable one."""
+        return self._open(episode_id, builder, limits, sampling, parser, None, managed=False)
+
+    def _open(
+        self,
+        episode_id: str | None,
+        builder: TokenBuilder | None,
+        limits: EpisodeLimits | None,
+        sampling: EpisodeSampling | None,
+        parser: str | None,
+        client: str | None,
+        *,
+        managed: bool,
+    ) -> Episode:
+        eid = episode_id or f"ep-{secrets.token_urlsafe(24)}"
         base = builder or self.builder
         episode = Episode(
             eid,
@@ -154,13 +198,17 @@ class AgentProxy:
             limits or self.limits,
             sampling or self.sampling,
             parser=base.parser_for(parser or self.parser),
+            bounds=self._text_bounds(base),
         )
-        self.episodes[eid] = episode
+        self.episodes.add(episode, client, managed=managed)
         return episode
 
     def close_episode(self, episode_id: str) -> Episode:
         """Stop recording ``episode_id`` and return it (later requests for it are refused)."""
-        return self.episodes.pop(episode_id)
+        episode = self.episodes.pop(episode_id)
+        if episode is None:
+            raise KeyError(episode_id)
+        return episode
 
     def client(self, episode: Episode, *, timeout: float = 600.0) -> openai.AsyncOpenAI:
         """A real ``openai.AsyncOpenAI`` whose requests belong to ``episode``. No retries: a
@@ -170,7 +218,7 @@ class AgentProxy:
         import openai
 
         if self._http is None:
-            self._http = openai.DefaultAsyncHttpxClient()
+            self._http = _http_pool()
         return openai.AsyncOpenAI(
             base_url=self.url,
             api_key=episode.id,
@@ -179,49 +227,89 @@ class AgentProxy:
             http_client=self._http,
         )
 
-    def _builder(self, base: TokenBuilder, tools: Sequence[Mapping[str, Any]]) -> TokenBuilder:
-        if not tools:
-            return base
-        key = (id(base), json.dumps(list(tools), sort_keys=True))
-        hit = self._builders.get(key)
-        if hit is None:
-            try:
-                built = TokenBuilder(
-                    base.tokenizer,
-                    tools=tools,
-                    chat_template=base.chat_template,
-                    thinking=base.thinking,
-                )
-            except AgentLoopError as exc:
-                raise ProxyRequestError(
-                    f"the chat template cannot render tools: {exc}", param="tools"
-                ) from exc
-            hit = self._builders[key] = (base, built)  # keeps base alive: its id stays unique
+    def _text_bounds(self, base: TokenBuilder) -> TextBounds:
+        hit = self._bounds.get(id(base))
+        if hit is None:  # keeps base alive: its id stays unique
+            hit = self._bounds[id(base)] = (base, TextBounds.of(base))
         return hit[1]
 
+    def _builder(self, base: TokenBuilder, tools: Sequence[Mapping[str, Any]]) -> TokenBuilder:
+        """The builder for ``tools`` (called on worker threads); a bounded LRU cache, and no
+        entry for a tool list too big to fit any context (its request is refused anyway)."""
+        if not tools:
+            return base
+        text = json.dumps(list(tools), sort_keys=True)
+        key = (id(base), hashlib.sha256(text.encode()).hexdigest())
+        with self._builders_lock:
+            hit = self._builders.get(key)
+            if hit is not None:
+                self._builders.move_to_end(key)
+                return hit[1]
+        try:
+            built = TokenBuilder(
+                base.tokenizer,
+                tools=tools,
+                chat_template=base.chat_template,
+                thinking=base.thinking,
+            )
+        except (AgentLoopError, RecursionError) as exc:
+            raise ProxyRequestError(
+                f"the chat template cannot render tools: {exc}", param="tools"
+            ) from exc
+        fits = len(text) <= self.limits.max_context * self._text_bounds(base).max_token_chars
+        with self._builders_lock:
+            if fits:
+                self._builders[key] = (base, built)  # keeps base alive: its id stays unique
+                while len(self._builders) > self.server_limits.max_tool_sets:
+                    self._builders.popitem(last=False)
+        return built
+
     def _episode(self, request: web.Request) -> Episode:
+        """The request's episode: from the path, else (without tokens) the API key."""
         eid = request.match_info.get("eid")
-        if eid is None:
+        if eid is None and not self.tokens:
             auth = request.headers.get("Authorization", "")
             eid = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         if not eid:
+            where = "the base URL (/episodes/<episode id>/v1)"
             raise ProxyRequestError(
-                "no episode id: send it as the API key (Authorization: Bearer <episode id>) "
-                "or in the base URL (/episodes/<episode id>/v1)",
+                f"no episode id: send it in {where}"
+                if self.tokens
+                else f"no episode id: send it as the API key (Authorization: Bearer <episode "
+                f"id>) or in {where}",
                 status=401,
                 kind="authentication_error",
             )
-        episode = self.episodes.get(eid)
+        client = _client(request)
+        episode = self.episodes.lookup(eid, client)
         if episode is None:
-            if not self.open_episodes:
+            if not self.open_episodes or eid in self.episodes:  # another client's: not yours
                 raise ProxyRequestError(
-                    f"unknown episode id {eid[:40]!r}: it was never opened or has ended",
+                    f"unknown episode id {eid[:40]!r}: it was never opened, has ended or "
+                    "expired, or belongs to another client",
                     status=401,
                     kind="authentication_error",
                     code="invalid_api_key",
                 )
-            episode = self.open_episode(eid)
+            if len(eid) > _MAX_ID:
+                raise ProxyRequestError(
+                    f"an episode id has at most {_MAX_ID} characters, got {len(eid)}",
+                    status=401,
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
+            episode = self._open(eid, None, None, None, None, client, managed=True)
         return episode
+
+    def _too_large(self, request: web.Request) -> None:
+        """A 413: the request's episode (if it names one) records a context overflow."""
+        self.requests_failed += 1
+        eid = request.match_info.get("eid")
+        if eid is None and not self.tokens:
+            eid = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        episode = self.episodes.lookup(eid or "", _client(request))
+        if episode is not None:
+            episode.limit_hit = StopReason.CONTEXT_OVERFLOW
 
     def _check_model(self, model: str) -> None:
         if model != self.model:
@@ -239,12 +327,17 @@ class AgentProxy:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         async def serve() -> web.StreamResponse:
-            req = parse_chat_request(await _json(request))
+            req = parse_chat_request(await read_json(request))
             self._check_model(req.model)
             episode = self._episode(request)
             async with episode.lock:
-                p = episode.prepare_chat(
-                    req.messages, req.tools, req.max_tokens, req.temperature, req.top_p
+                p = await asyncio.to_thread(
+                    episode.prepare_chat,
+                    req.messages,
+                    req.tools,
+                    req.max_tokens,
+                    req.temperature,
+                    req.top_p,
                 )
                 reply = await self._generate(episode, p)
             rid, usage = f"chatcmpl-{uuid.uuid4().hex}", _usage(p, reply)
@@ -267,11 +360,13 @@ class AgentProxy:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         async def serve() -> web.StreamResponse:
-            req = parse_completion_request(await _json(request))
+            req = parse_completion_request(await read_json(request))
             self._check_model(req.model)
             episode = self._episode(request)
             async with episode.lock:
-                p = episode.prepare_text(req.prompt, req.max_tokens, req.temperature, req.top_p)
+                p = await asyncio.to_thread(
+                    episode.prepare_text, req.prompt, req.max_tokens, req.temperature, req.top_p
+                )
                 reply = await self._generate(episode, p)
             rid, usage = f"cmpl-{uuid.uuid4().hex}", _usage(p, reply)
             finish = reply.completion.finish_reason
@@ -312,15 +407,31 @@ class AgentProxy:
             ) from exc
         return episode.commit(p, completion, t0)
 
+    async def _new_episode(self, request: web.Request) -> web.Response:
+        """``POST /episodes``: open an episode under an id the proxy draws (the credential)."""
+        if not self.open_episodes:
+            raise ProxyRequestError(
+                "this proxy opens its episodes itself (training, eval); it takes no new ones",
+                status=403,
+                kind="permission_error",
+            )
+        episode = self._open(None, None, None, None, None, _client(request), managed=True)
+        root = f"{request.scheme}://{request.host}"
+        return web.json_response(
+            {"episode": episode.id, "base_url": f"{root}/episodes/{episode.id}/v1"}, status=201
+        )
+
     async def _get_episode(self, request: web.Request) -> web.Response:
-        return self._episode_json(request, self.episodes.get(request.match_info["eid"]))
+        eid = request.match_info["eid"]
+        return self._episode_json(eid, self.episodes.lookup(eid, _client(request)))
 
     async def _delete_episode(self, request: web.Request) -> web.Response:
-        return self._episode_json(request, self.episodes.pop(request.match_info["eid"], None))
+        eid = request.match_info["eid"]
+        return self._episode_json(eid, self.episodes.pop(eid, _client(request)))
 
-    def _episode_json(self, request: web.Request, episode: Episode | None) -> web.Response:
+    def _episode_json(self, eid: str, episode: Episode | None) -> web.Response:
         if episode is None:
-            err = ProxyRequestError(f"no episode {request.match_info['eid']!r}", status=404)
+            err = ProxyRequestError(f"no episode {eid[:40]!r}", status=404)
             return web.json_response(error_body(err), status=404)
         trajectories = episode.trajectories(episode.id, reward=0.0, stop_reason=StopReason.DONE)
         return web.json_response(
@@ -332,15 +443,20 @@ class AgentProxy:
         )
 
 
-async def _json(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as exc:
-        raise ProxyRequestError(f"the request body is not JSON: {exc}", param="body") from exc
-    except RecursionError:  # json's C parser refuses deep nesting this way
-        raise ProxyRequestError(
-            "the request body is JSON nested too deeply", param="body"
-        ) from None
+_json = read_json  # the body reader every route uses (kept under its old name)
+
+
+def _http_pool() -> Any:
+    """The connection pool the clients of :meth:`AgentProxy.client` share. It only ever talks
+    plain HTTP to this proxy, so it loads no CA bundle (``verify=False``: no TLS at all; the
+    bundle would hold the interpreter ~0.1-0.3 s, stalling every episode, once per proxy)."""
+    import openai
+
+    return openai.DefaultAsyncHttpxClient(verify=False)
+
+
+def _client(request: web.Request) -> str | None:
+    return request[CLIENT] or None
 
 
 def _usage(p: Prepared, reply: Reply) -> tuple[int, int]:
