@@ -149,6 +149,8 @@ class Episode:
         self.sampled = 0  # tokens sampled in all segments
         self.limit_hit: StopReason | None = None
         self._raw: dict[AssistantKey, str] = {}  # wire form of a reply -> what the model wrote
+        #: /v1/responses: response id -> its conversation (for previous_response_id)
+        self.responses: dict[str, tuple[Message | AssistantKey, ...]] = {}
 
     # -- assembly ----------------------------------------------------------------------------
     def _count_request(self) -> None:
