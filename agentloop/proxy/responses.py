@@ -1,4 +1,4 @@
-"""OpenAI Responses API for the proxy: read ``/v1/responses`` requests as chat, write responses and events.
+"""The proxy's Responses API: ``/v1/responses`` requests read as chat; responses and events.
 
 A request's input items become the chat conversation the proxy already assembles token-exactly
 (:meth:`~agentloop.proxy.episode.Episode.prepare_chat`): ``instructions`` and ``system`` /
@@ -311,8 +311,8 @@ def output_items(response: Mapping[str, Any]) -> Items:
         if item["type"] == "message":
             content = item["content"][0]["text"]
         else:
-            calls.append({"id": item["call_id"], "function": {"name": item["name"],
-                                                               "arguments": item["arguments"]}})  # fmt: skip
+            function = {"name": item["name"], "arguments": item["arguments"]}
+            calls.append({"id": item["call_id"], "function": function})
     return (assistant_key(content, calls),)
 
 
@@ -354,7 +354,9 @@ def response_events(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{**e, "sequence_number": n} for n, e in enumerate(events)]
 
 
-async def write_events(request: web.Request, events: Sequence[dict[str, Any]]) -> web.StreamResponse:
+async def write_events(
+    request: web.Request, events: Sequence[dict[str, Any]]
+) -> web.StreamResponse:
     """Server-sent events, each ``event: <type>`` with its JSON ``data:``; the stream ends
     with the terminal event (no ``[DONE]``, as OpenAI's Responses streams)."""
     response = web.StreamResponse(

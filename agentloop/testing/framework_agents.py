@@ -1,4 +1,4 @@
-"""Calc agents written with agent frameworks (the OpenAI Agents SDK, LangChain), for the proxy's tests.
+"""Calc agents written with agent frameworks (OpenAI Agents SDK, LangChain) for the proxy's tests.
 
 ``agents_sdk_calc_agent`` is an OpenAI Agents SDK ``Agent`` on the SDK's default model class,
 ``OpenAIResponsesModel``: it speaks ``/v1/responses``. ``langchain_calc_agent`` is a tool loop
