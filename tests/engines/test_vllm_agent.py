@@ -2,7 +2,8 @@
 ``AsyncLLM.generate``: every episode's trajectory is what vLLM was given and returned, turn by
 turn, and every gap between turns is masked and holds the agent's tool result. Once through
 ``eval_async`` on the shared engine, once through the command itself (`agentloop eval --engine
-vllm`, in this process, on an engine of its own)."""
+vllm`, in this process, on an engine of its own), and once for each agent framework: an OpenAI
+Agents SDK agent on ``/v1/responses``, a LangChain agent on chat completions."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
 
 AGENT = "agentloop.testing.calc_agent:calc_agent"
+#: Calc tasks each framework agent plays (greedy): enough that the tool caller solves some.
+NUM_TASKS = 4
 
 
 def _episode_calls(traj: Trajectory, sessions: dict[str, list[VLLMCall]]) -> list[VLLMCall]:
@@ -60,6 +63,36 @@ async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(
     assert summary.episodes == len(trajs) == 8
     assert summary.tool_calls_per_episode > 0
     _assert_token_exact(trajs, calls, tokenizer, min_gaps=len(trajs) // 2)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("agent", ["agents_sdk_calc_agent", "langchain_calc_agent"])
+async def test_framework_agents_evaluate_token_exactly_on_vllm(
+    caller_engine: Any, calc_caller_dir: Path, tokenizer: Any, tmp_path: Path, agent: str
+) -> None:
+    """The OpenAI Agents SDK on its default model class (``OpenAIResponsesModel``: the
+    Responses API) and LangChain's ``ChatOpenAI`` (chat completions): every episode is what vLLM
+    was given and sampled; a solved task is a tool call and the answer, two vLLM requests,
+    reward 1, every id vLLM sampled trained (mask 1)."""
+    rollout = RolloutConfig(max_turns=4, max_prompt_len=caller_engine.max_model_len - 160,
+                            max_response_len=160, temperature=0.0)  # fmt: skip
+    spec = f"agentloop.testing.framework_agents:{agent}"
+    config = EvalConfig("agentloop/Agent-v0", str(calc_caller_dir), tmp_path / "run", n=1,
+                        num_tasks=NUM_TASKS, engine="vllm", rollout=rollout,
+                        env_kwargs={"agent": spec})  # fmt: skip
+    with recording(caller_engine) as calls:
+        summary = await eval_async(config, engine=caller_engine, progress=False)
+    trajs = [trajectory_from_dict(r) for r in read_jsonl(tmp_path / "run" / "trajectories.jsonl")]
+    assert summary.episodes == len(trajs) == NUM_TASKS
+    _assert_token_exact(trajs, calls, tokenizer, min_gaps=1)
+    solved = [t for t in trajs if t.reward == 1.0]
+    assert solved, [(t.task_id, t.reward, len(t.turns)) for t in trajs]
+    sessions = by_session(calls)
+    for t in solved:
+        assert len(_episode_calls(t, sessions)) == 2 and len(t.turns) == 2
+        assert t.num_trained_tokens == sum(
+            map(len, (c.returned for c in _episode_calls(t, sessions)))
+        )
 
 
 # Tagged by hand: `agentloop eval` starts its vLLM itself, not through a fixture of tests/tiers.py
