@@ -9,13 +9,16 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import TypeAdapter
 from test_proxy import _assert_openai_error, _check_engine_boundary, _engine
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
 from agentloop.envs.calc import SYSTEM_PROMPT
-from agentloop.proxy import AgentProxy
+from agentloop.proxy import AgentProxy, ProxyRequestError
+from agentloop.proxy.responses import parse_responses_request
 from agentloop.rollout import RolloutConfig
 from agentloop.testing.calc_agent import CALC_TOOLS
 from agentloop.types import Message, StopReason, Task
@@ -145,3 +148,41 @@ async def test_bad_responses_requests_get_openai_errors_naming_the_field(
         assert p.requests_failed == 1 and p.requests_served == 0
     code = "previous_response_not_found" if param == "previous_response_id" else None
     _assert_openai_error(caught.value, "invalid_request_error", code, param)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_ITEM = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning"]),
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | _JSON,
+        "content": _JSON | st.lists(st.fixed_dictionaries({"type": st.sampled_from(
+            ["input_text", "output_text", "input_image"]), "text": _JSON})),
+        "call_id": _JSON, "name": _JSON, "arguments": _JSON | st.just('{"code": "x"}'),
+        "output": _JSON,
+    },
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.fixed_dictionaries(
+        {"model": st.just("agentloop")},
+        optional={"input": _JSON | st.lists(_ITEM, max_size=4), "tools": _JSON,
+                  "tool_choice": _JSON, "instructions": _JSON, "max_output_tokens": _JSON,
+                  "temperature": _JSON, "previous_response_id": _JSON},
+    )
+)  # fmt: skip
+def test_any_malformed_request_is_a_400_naming_a_field(body: dict[str, Any]) -> None:
+    """Whatever JSON a client sends, parsing gives a request or a 400 naming the field; never
+    another exception (which the server would answer with a 500)."""
+    try:
+        parse_responses_request(body)
+    except ProxyRequestError as exc:
+        assert exc.status == 400 and exc.param and str(exc)

@@ -24,11 +24,15 @@ from agentloop.proxy.openai_api import AssistantKey, ProxyRequestError, assistan
 from agentloop.types import Message, ToolCall
 
 __all__ = [
+    "Items",
     "ResponsesRequest",
     "conversation",
+    "new_response_id",
+    "output_items",
     "parse_responses_request",
     "response_events",
     "response_object",
+    "with_instructions",
     "write_events",
 ]
 
@@ -189,7 +193,7 @@ def _items(input_: Any) -> Items:
 
 def _message(item: Mapping[str, Any], where: str) -> Message:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise _bad(f"{where}.role {role!r} is not one of user, system, developer, assistant",
                    f"{where}.role")  # fmt: skip
     return Message(_ROLES[role], _content(item.get("content"), where, "input_text"))  # type: ignore[arg-type]
@@ -262,6 +266,7 @@ def _output(rid: str, content: str, calls: Sequence[ToolCall], status: str) -> l
 
 
 def new_response_id() -> str:
+    """A fresh response id (``resp_<hex>``)."""
     return f"resp_{uuid.uuid4().hex}"
 
 

@@ -27,7 +27,11 @@ def _sdk_agent(client: Any) -> Any:
     spec = CALC_TOOLS[0]["function"]
 
     async def invoke(ctx: Any, arguments: str) -> str:
-        return run_python(str(json.loads(arguments or "{}").get("code", "")))
+        try:
+            code = json.loads(arguments or "{}").get("code", "")
+        except (ValueError, AttributeError):
+            return "Error: arguments are not a JSON object"
+        return run_python(str(code))
 
     python = FunctionTool(
         name=spec["name"],
@@ -41,26 +45,35 @@ def _sdk_agent(client: Any) -> Any:
 
 
 async def agents_sdk_calc_agent(task: Task, client: Any) -> str:
-    """An Agents SDK agent run to its final output; ``client`` is an ``openai.AsyncOpenAI``."""
-    from agents import RunConfig, Runner
+    """An Agents SDK agent run to its final output; ``client`` is an ``openai.AsyncOpenAI``.
+    The model's own misbehaviour (a call to a tool it was not given, too many turns) ends the
+    run with no answer, as :func:`~agentloop.testing.calc_agent.calc_agent` does: an episode
+    scored 0, not a failed one."""
+    from agents import MaxTurnsExceeded, ModelBehaviorError, RunConfig, Runner
 
     config = RunConfig(tracing_disabled=True)
-    result = await Runner.run(
-        _sdk_agent(client), str(task.data["prompt"]), max_turns=MAX_TURNS, run_config=config
-    )
+    try:
+        result = await Runner.run(
+            _sdk_agent(client), str(task.data["prompt"]), max_turns=MAX_TURNS, run_config=config
+        )
+    except (MaxTurnsExceeded, ModelBehaviorError):
+        return ""
     return str(result.final_output or "")
 
 
 async def agents_sdk_streamed_calc_agent(task: Task, client: Any) -> str:
     """:func:`agents_sdk_calc_agent`, streamed (``Runner.run_streamed``: Responses events)."""
-    from agents import RunConfig, Runner
+    from agents import MaxTurnsExceeded, ModelBehaviorError, RunConfig, Runner
 
     config = RunConfig(tracing_disabled=True)
     run = Runner.run_streamed(
         _sdk_agent(client), str(task.data["prompt"]), max_turns=MAX_TURNS, run_config=config
     )
-    async for _ in run.stream_events():
-        pass
+    try:
+        async for _ in run.stream_events():
+            pass
+    except (MaxTurnsExceeded, ModelBehaviorError):
+        return ""
     return str(run.final_output or "")
 
 
