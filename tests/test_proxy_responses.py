@@ -186,3 +186,31 @@ def test_any_malformed_request_is_a_400_naming_a_field(body: dict[str, Any]) -> 
         parse_responses_request(body)
     except ProxyRequestError as exc:
         assert exc.status == 400 and exc.param and str(exc)
+
+
+CHOICES = [("none", False), ("required", True), ({"type": "function", "name": "python"}, True)]
+
+
+@pytest.mark.parametrize(("choice", "shown"), CHOICES)
+async def test_tool_choice_none_shows_the_model_no_tools(
+    tokenizer: Any, choice: Any, shown: bool
+) -> None:
+    """``none``: the prompt is rendered without the tools; otherwise with them (sampling is
+    not constrained); the response echoes the choice."""
+    engine = _engine(tokenizer)
+    async with (
+        AgentProxy(engine, TokenBuilder(tokenizer), open_episodes=True) as proxy,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key="ep", max_retries=0) as client,
+    ):
+        reply = await client.responses.create(
+            model="agentloop",
+            input="hi",
+            tools=RESPONSES_TOOLS,
+            tool_choice=choice,  # type: ignore[arg-type]
+        )
+    [request] = engine.requests
+    assert ("Run Python code" in tokenizer.decode(list(request.prompt_ids))) == shown
+    echoed = (
+        reply.tool_choice if isinstance(reply.tool_choice, str) else reply.tool_choice.model_dump()
+    )
+    assert echoed == choice
