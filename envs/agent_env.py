@@ -1,8 +1,9 @@
 """AgentEnv: an env whose episodes are played by an agent program through an OpenAI client.
 
 The agent is any ``async def agent(task, client) -> answer`` written against the official
-``openai`` SDK; ``client`` is an ``openai.AsyncOpenAI`` pointed at agentloop's proxy, which
-records every request token-exactly (``agentloop.proxy``). An AgentEnv is its own
+``openai`` SDK, on chat completions or the Responses API (so OpenAI Agents SDK agents too);
+``client`` is an ``openai.AsyncOpenAI`` pointed at agentloop's proxy, which records every
+request token-exactly (``agentloop.proxy``). An AgentEnv is its own
 :class:`~agentloop.envs.base.AgentProgram`: ``agentloop.collect`` (and so ``agentloop eval`` and
 ``agentloop train``) plays it by running the agent instead of the step loop;
 the tasks and, by default, the reward come from another registered env::

@@ -1,9 +1,10 @@
 """The OpenAI-compatible proxy: train and evaluate any agent program, token-exactly.
 
-:class:`AgentProxy` serves an engine on ``/v1/chat/completions`` and ``/v1/completions`` and
-records each episode's prompts, sampled ids and logprobs; :func:`agent_rollout` plays an
-:class:`~agentloop.envs.base.AgentProgram` episode through it (what ``collect`` calls for an env
-whose ``agent_program()`` is one, as :class:`~agentloop.envs.agent_env.AgentEnv`'s is).
+:class:`AgentProxy` serves an engine on ``/v1/chat/completions``, ``/v1/responses`` and
+``/v1/completions`` and records each episode's prompts, sampled ids and logprobs;
+:func:`agent_rollout` plays an :class:`~agentloop.envs.base.AgentProgram` episode through it
+(what ``collect`` calls for an env whose ``agent_program()`` is one, as
+:class:`~agentloop.envs.agent_env.AgentEnv`'s is).
 """
 
 from agentloop.proxy.agent import agent_rollout, shared_proxy

@@ -28,7 +28,7 @@ from agentloop.proxy.errors import ProxyRequestError
 from agentloop.proxy.openai_api import AssistantKey, assistant_key
 from agentloop.proxy.records import EpisodeLimits, EpisodeSampling, TextBounds
 from agentloop.proxy.validate import check_token_ids
-from agentloop.tools import get_parser
+from agentloop.tools import ToolSchemas, get_parser
 from agentloop.types import Completion, Message, StopReason, ToolCall, Trajectory, Turn
 
 __all__ = ["Episode", "EpisodeLimits", "EpisodeSampling", "Prepared", "Reply", "TextBounds"]
@@ -123,6 +123,8 @@ class Episode:
         self.limit_hit: StopReason | None = None
         self._raw: dict[AssistantKey, str] = {}  # wire form of a reply -> what the model wrote
         self._call_prefix = secrets.token_hex(4)  # tool-call ids: nothing of the episode id
+        #: /v1/responses: response id -> its conversation (for previous_response_id)
+        self.responses: dict[str, tuple[Message | AssistantKey, ...]] = {}
 
     # -- assembly ----------------------------------------------------------------------------
     def _check_turns(self) -> None:
@@ -357,7 +359,7 @@ class Episode:
         seg.append_sample(completion)
         self.sampled += len(completion.token_ids)
         text = p.builder.decode(completion.token_ids)
-        calls, content = self._parse(text)
+        calls, content = self._parse(text, ToolSchemas.of(p.builder.tools))
         seg.turns.append(
             Turn(
                 index=len(seg.turns),
@@ -378,10 +380,11 @@ class Episode:
             self._raw[assistant_key(content, wire)] = text
         return Reply(text, content, calls, completion)
 
-    def _parse(self, text: str) -> tuple[tuple[ToolCall, ...], str]:
-        """Well-formed calls (with episode-unique ids) and the text around them; a malformed
-        call stays in the visible content, so the agent sees what the model wrote."""
-        good = [c for c in self.parser.parse(text) if c.parse_error is None and c.raw]
+    def _parse(self, text: str, tools: ToolSchemas) -> tuple[tuple[ToolCall, ...], str]:
+        """Well-formed calls (with episode-unique ids, values typed by the request's ``tools``
+        where the format is untyped) and the text around them; a malformed call stays in the
+        visible content, so the agent sees what the model wrote."""
+        good = [c for c in self.parser.parse(text, tools) if c.parse_error is None and c.raw]
         content = text
         for c in good:
             content = content.replace(c.raw, "", 1)

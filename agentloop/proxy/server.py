@@ -1,7 +1,8 @@
 """AgentProxy: an OpenAI-compatible aiohttp server in front of an agentloop engine.
 
 Agents talk to it with any OpenAI client (``/v1/chat/completions`` with tools and streaming,
-``/v1/completions``, ``/v1/models``). A streamed answer is sent once the whole completion is
+``/v1/responses`` (the Responses API, :mod:`agentloop.proxy.responses`), ``/v1/completions``,
+``/v1/models``). A streamed answer is sent once the whole completion is
 generated (the engine protocol is token-in/token-out), in OpenAI's chunk format: clients that
 stream work unchanged, but see the first chunk only at the end of generation. The episode a
 request belongs to is the client's API key (``Authorization: Bearer <episode id>``) or a base-URL
@@ -33,6 +34,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.engines.base import Engine, generate
 from agentloop.errors import AgentLoopError
 from agentloop.io import trajectory_to_dict
+from agentloop.proxy import responses
 from agentloop.proxy.episode import Episode, EpisodeLimits, EpisodeSampling, Prepared, Reply
 from agentloop.proxy.errors import ProxyRequestError, error_body
 from agentloop.proxy.guard import CLIENT, ServerLimits, guard_middleware, read_json
@@ -140,6 +142,7 @@ class AgentProxy:
             app.router.add_get(f"{prefix}/v1/models", self._models)
             app.router.add_post(f"{prefix}/v1/chat/completions", self._chat)
             app.router.add_post(f"{prefix}/v1/completions", self._completions)
+            app.router.add_post(f"{prefix}/v1/responses", self._responses)
         app.router.add_post("/episodes", self._new_episode)
         app.router.add_get("/episodes/{eid}", self._get_episode)
         app.router.add_delete("/episodes/{eid}", self._delete_episode)
@@ -381,6 +384,33 @@ class AgentProxy:
 
         return await self._answer(serve)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        async def serve() -> web.StreamResponse:
+            req = responses.parse_responses_request(await read_json(request))
+            self._check_model(req.model)
+            episode = self._episode(request)
+            async with episode.lock:
+                items = responses.conversation(req, episode.responses)
+                messages = responses.with_instructions(req, items)
+                p = await asyncio.to_thread(
+                    episode.prepare_chat,
+                    messages,
+                    req.tools,
+                    req.max_tokens,
+                    req.temperature,
+                    req.top_p,
+                )
+                reply = await self._generate(episode, p)
+                rid = responses.new_response_id()
+                answer = (reply.content, reply.calls, reply.completion.finish_reason)
+                body = responses.response_object(rid, req, answer, _usage(p, reply))
+                episode.responses[rid] = items + responses.output_items(body)
+            if req.stream:
+                return await responses.write_events(request, responses.response_events(body))
+            return web.json_response(body)
+
+        return await self._answer(serve)
+
     async def _answer(self, serve: Any) -> web.StreamResponse:
         try:
             response: web.StreamResponse = await serve()
@@ -441,9 +471,6 @@ class AgentProxy:
                 "segments": [trajectory_to_dict(t) for t in trajectories],
             }
         )
-
-
-_json = read_json  # the body reader every route uses (kept under its old name)
 
 
 def _http_pool() -> Any:

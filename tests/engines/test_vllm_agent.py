@@ -2,7 +2,8 @@
 ``AsyncLLM.generate``: every episode's trajectory is what vLLM was given and returned, turn by
 turn, and every gap between turns is masked and holds the agent's tool result. Once through
 ``eval_async`` on the shared engine, once through the command itself (`agentloop eval --engine
-vllm`, in this process, on an engine of its own)."""
+vllm`, in this process, on an engine of its own), and once for each agent framework: an OpenAI
+Agents SDK agent on ``/v1/responses``, a LangChain agent on chat completions."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from agentloop.rollout import RolloutConfig
 from agentloop.types import Trajectory
 
 AGENT = "agentloop.testing.calc_agent:calc_agent"
+#: Calc tasks each framework agent plays (greedy).
+NUM_TASKS = 4
 
 
 def _episode_calls(traj: Trajectory, sessions: dict[str, list[VLLMCall]]) -> list[VLLMCall]:
@@ -60,6 +63,57 @@ async def test_an_sdk_agent_evaluates_token_exactly_on_vllm(
     assert summary.episodes == len(trajs) == 8
     assert summary.tool_calls_per_episode > 0
     _assert_token_exact(trajs, calls, tokenizer, min_gaps=len(trajs) // 2)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_framework_agents_evaluate_token_exactly_on_vllm(
+    caller_engine: Any, calc_caller_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """The OpenAI Agents SDK on its default model class (``OpenAIResponsesModel``: the
+    Responses API) and LangChain's ``ChatOpenAI`` (chat completions), greedy on the same tasks:
+    every episode is what vLLM was given and sampled, every id vLLM sampled is trained (mask 1);
+    a tool call and its answer are two vLLM requests, scored by Calc's own answer check; and
+    the two APIs give the very same token ids (the same prompt, the same replies)."""
+    from agentloop.envs import make
+
+    hook = make("agentloop/Calc-v0").answer_hook()
+    assert hook is not None
+    played: dict[str, dict[str, Trajectory]] = {}
+    for agent in ("agents_sdk_calc_agent", "langchain_calc_agent"):
+        trajs, calls = await _play(caller_engine, calc_caller_dir, tmp_path / agent, agent)
+        _assert_token_exact(trajs, calls, tokenizer, min_gaps=1)
+        sessions = by_session(calls)
+        for t in trajs:
+            if len(t.turns) == 2 and t.turns[0].tool_calls == 1:  # a call, then the answer
+                assert len(_episode_calls(t, sessions)) == 2 and t.turns[1].tool_calls == 0
+            answer = hook.extract([t.messages[-1]])
+            assert t.reward == float(answer is not None and hook.check(answer, _task(t)))
+        played[agent] = {t.task_id: t for t in trajs}
+    sdk, chain = played.values()
+    assert sdk.keys() == chain.keys() and len(sdk) == NUM_TASKS
+    for task_id, t in sdk.items():
+        assert t.token_ids == chain[task_id].token_ids and t.reward == chain[task_id].reward
+    assert sum(t.turns[0].tool_calls for t in sdk.values()) >= 2  # the model called the tool
+
+
+async def _play(engine: Any, model: Path, out: Path, agent: str) -> tuple[list[Any], list[Any]]:
+    rollout = RolloutConfig(max_turns=4, max_prompt_len=engine.max_model_len - 160,
+                            max_response_len=160, temperature=0.0)  # fmt: skip
+    spec = f"agentloop.testing.framework_agents:{agent}"
+    config = EvalConfig("agentloop/Agent-v0", str(model), out, n=1, num_tasks=NUM_TASKS,
+                        engine="vllm", rollout=rollout, env_kwargs={"agent": spec})  # fmt: skip
+    with recording(engine) as calls:
+        summary = await eval_async(config, engine=engine, progress=False)
+    trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]
+    assert summary.episodes == len(trajs) == NUM_TASKS
+    return trajs, calls
+
+
+def _task(traj: Trajectory) -> Any:
+    from agentloop.envs import make
+
+    [task] = [t for t in make("agentloop/Calc-v0").tasks("test", NUM_TASKS) if t.id == traj.task_id]
+    return task
 
 
 # Tagged by hand: `agentloop eval` starts its vLLM itself, not through a fixture of tests/tiers.py

