@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import itertools
 import multiprocessing
 import multiprocessing.process
@@ -49,15 +48,12 @@ from typing import Any, Protocol
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import (
-    YOUNG_GC_PER_EPISODE,
     EnvFactory,
     collect,
     gather_groups,
-    play_one,
     resolve_env,
-    rollout_gc,
 )
-from agentloop.engines.base import Engine, SamplingParams, generate
+from agentloop.engines.base import Engine, generate
 from agentloop.errors import AgentLoopError, ConfigError, InferenceError
 from agentloop.loop_wire import (
     Broken,
@@ -71,8 +67,9 @@ from agentloop.loop_wire import (
     Start,
     open_channel,
 )
+from agentloop.loop_worker import Setup, worker_main
 from agentloop.rollout import RolloutConfig, check_builder
-from agentloop.types import Completion, Task, Trajectory, TrajectoryGroup
+from agentloop.types import Task, Trajectory, TrajectoryGroup
 
 __all__ = ["Collector", "LoopWorkers", "batch_collector"]
 
@@ -81,112 +78,6 @@ GRACE_S = 30.0  # past rollout.timeout_s, how long a worker may take to return a
 START_S = 300.0  # how long the workers may take to start (each imports transformers)
 
 
-@dataclass(frozen=True)
-class _Setup:
-    """What a worker is started with."""
-
-    env: str | EnvFactory
-    env_kwargs: Mapping[str, Any]
-    builder: TokenBuilder
-    config: RolloutConfig
-    supports_images: bool
-
-
-# -- the worker side -------------------------------------------------------------------------
-class _EngineClient:
-    """The Engine a worker's episodes see: each request is answered by the main process's."""
-
-    def __init__(self, channel: Channel, supports_images: bool) -> None:
-        self._channel, self._images = channel, supports_images
-        self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future[Generated]] = {}
-
-    @property
-    def supports_images(self) -> bool:
-        return self._images
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        session_id: str | None = None,
-        images: Sequence[Any] = (),
-    ) -> Completion:
-        request = next(self._ids)
-        answer = self._waiting[request] = asyncio.get_running_loop().create_future()
-        self._channel.send(Generate(request, prompt_ids, sampling, session_id, tuple(images)))
-        try:
-            reply = await answer
-        finally:
-            self._waiting.pop(request, None)
-        if reply.completion is None:
-            raise reply.error or InferenceError("the engine returned nothing")
-        return reply.completion
-
-    def answer(self, reply: Generated) -> None:
-        waiting = self._waiting.get(reply.request)
-        if waiting is not None and not waiting.done():  # gone: its episode was cancelled
-            waiting.set_result(reply)
-
-
-def _worker_main(sock: socket.socket) -> None:
-    """A worker process: play what the main process deals out until it stops or is gone."""
-    asyncio.run(_work(sock))
-
-
-async def _work(sock: socket.socket) -> None:
-    channel = await open_channel(sock)
-    try:
-        (start,) = await channel.receive()
-        assert isinstance(start, Start)
-        setup: _Setup = pickle.loads(start.setup)
-        factory = resolve_env(setup.env, setup.env_kwargs, setup.builder)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return  # the main process is gone
-    except Exception as exc:  # told to the main process, which names it in its error
-        channel.send(Broken(f"{type(exc).__name__}: {exc}"))
-        await channel.drain()
-        channel.close()
-        return
-    engine = _EngineClient(channel, setup.supports_images)
-    running: dict[int, asyncio.Task[None]] = {}
-    channel.send(Ready())
-
-    async def play(message: Play) -> None:
-        trajectories = await play_one(
-            factory, engine, setup.builder, message.task, setup.config, message.index, message.seed
-        )
-        running.pop(message.job, None)
-        channel.send(Played(message.job, trajectories))
-
-    with rollout_gc(episodes=1):  # the heap frozen; young collections spaced as episodes arrive
-        while True:
-            try:
-                messages = await channel.receive()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break  # the main process is gone
-            for message in messages:
-                if isinstance(message, Generated):
-                    engine.answer(message)
-                elif isinstance(message, Play):
-                    running[message.job] = asyncio.create_task(play(message))
-                    _space_young_collections(len(running))
-                elif isinstance(message, Cancel) and message.job in running:
-                    running.pop(message.job).cancel()
-    channel.close()  # asyncio.run cancels what still runs, and each episode closes its env
-
-
-def _space_young_collections(running: int) -> None:
-    """Space young GC collections by the episodes this worker runs, as ``collect`` does for a
-    batch (:func:`agentloop.collect.rollout_gc`); doubled when outgrown, never lowered."""
-    young, *older = gc.get_threshold()
-    wanted = YOUNG_GC_PER_EPISODE * running
-    if 0 < young < wanted:
-        gc.set_threshold(2 * wanted, *older)
-
-
-# -- the main side ---------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Worker:
     process: multiprocessing.process.BaseProcess
@@ -238,7 +129,7 @@ class LoopWorkers:
         resolve_env(env, env_kwargs or {}, builder)  # an unknown id or bad kwargs fail here
         self._engine, self._count = engine, workers
         self._grace_s, self._start_timeout_s = grace_s, start_timeout_s
-        self._setup = _Setup(env, dict(env_kwargs or {}), builder, config, engine.supports_images)
+        self._setup = Setup(env, dict(env_kwargs or {}), builder, config, engine.supports_images)
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
         self._requests: set[asyncio.Task[None]] = set()
@@ -299,7 +190,7 @@ class LoopWorkers:
         # that blocks for good when the child dies before reading them (a main script it cannot
         # re-import), and a child that dies now closes the socket, which fails the start
         process = multiprocessing.get_context("spawn").Process(
-            target=_worker_main, args=(theirs,), name="agentloop-loop", daemon=True
+            target=worker_main, args=(theirs,), name="agentloop-loop", daemon=True
         )
         try:
             await asyncio.to_thread(process.start)
