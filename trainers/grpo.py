@@ -118,17 +118,18 @@ async def train_async(
 ) -> TrainResult:
     """:func:`train` inside a running event loop; ``on_step`` is awaited after every step.
     ``engine`` (local placement) generates instead of a vLLM engine of the run's own."""
-    checked = await check_start(cfg)
-    env_of, tasks, builder, model_dir = (
-        checked.env_of, checked.tasks, checked.builder, checked.model_dir
-    )  # fmt: skip
-    assert model_dir is not None and builder is not None  # checked: check_model is on
+    cfg.logging.check_available()  # before the run dir is made (check_start repeats it)
     out = Path(cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
     notices = RunNotices(out)
     for message in cfg.notices():
         notices.note(message, message)
+    checked = await check_start(cfg)  # env, tools, services, tasks, model, template, parser
+    env_of, tasks, builder, model_dir = (
+        checked.env_of, checked.tasks, checked.builder, checked.model_dir
+    )  # fmt: skip
+    assert model_dir is not None and builder is not None  # checked: check_model is on
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
     print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")
