@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentloop.errors import AgentLoopError
+from agentloop.errors import AgentLoopError, ConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -41,6 +41,10 @@ def _add_make_tiny_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if Path(args.dir).exists() and not Path(args.dir).is_dir():
+        raise ConfigError(f"{args.dir!r} is a file; pass a new or an existing directory's path")
     if args.vision:
         from agentloop.models.tiny_vlm import make_tiny_vlm as make
     else:
@@ -416,7 +420,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(config_to_yaml(cfg), end="")
         # the sizes as YAML comments: the whole output stays a config that loads back
         print("\n".join(f"# {line}" for line in batch_sizes(cfg).describe().splitlines()))
-        print("".join(f"# notice: {notice}\n" for notice in cfg.notices()), end="")
+        print("".join(f"# notice: {notice}\n" for notice in cfg.notices()), end="", flush=True)
+        import asyncio
+
+        from agentloop.models import MODEL_NAMES
+        from agentloop.trainers.preflight import check_start
+
+        named = cfg.model.path in MODEL_NAMES  # built on first use: not here
+        asyncio.run(check_start(cfg, check_model=not named))  # train's checks, starting nothing
         return 0
     from agentloop.models import resolve_model
     from agentloop.trainers.grpo import train

@@ -37,6 +37,7 @@ from agentloop.eval_report import (
 )
 from agentloop.io import JsonlWriter, read_json_object, trajectory_to_dict
 from agentloop.loop_workers import batch_collector
+from agentloop.model_files import check_model_dir
 from agentloop.rollout import RolloutConfig
 from agentloop.tools import Tool, get_parser
 from agentloop.tools.recording import ToolTapeConfig, tool_tape
@@ -128,11 +129,7 @@ class EvalConfig:
         self.tool_io.check_loop_workers(self.loop_workers, "--loop-workers")
         if self.engine == "openai" and not self.base_url:
             raise ConfigError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        if not Path(self.model).is_dir():
-            raise ConfigError(
-                f"--model {self.model!r} is not a directory; pass a local model (or, with "
-                "--engine openai, tokenizer) directory"
-            )
+        check_model_dir(self.model, "--model", weights=self.engine != "openai")
 
 
 # ---------------------------------------------------------------------- config hash

@@ -15,6 +15,7 @@ from agentloop.errors import InferenceError
 from agentloop.types import Completion, Task, Trajectory, pickled_as_tuple
 
 __all__ = [
+    "Broken",
     "Cancel",
     "Channel",
     "Generate",
@@ -22,6 +23,7 @@ __all__ = [
     "Play",
     "Played",
     "Ready",
+    "Start",
     "open_channel",
 ]
 
@@ -30,6 +32,14 @@ FRAME_MESSAGES = 32  # messages at most per frame
 
 
 # -- driver -> worker ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The worker's first message: its setup, pickled here (a setup that cannot be pickled is
+    the driver's error, at once; one that cannot be unpickled there is the worker's ``Broken``)."""
+
+    setup: bytes
+
+
 @pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Play:
@@ -76,6 +86,13 @@ class Ready:
     """The worker has its env factory and builder: it takes episodes now."""
 
 
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """The worker cannot start (its setup does not unpickle, its env cannot be made): why."""
+
+    reason: str
+
+
 @pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Played:
@@ -113,6 +130,11 @@ class Channel:
         """The next frame's messages; ``asyncio.IncompleteReadError`` once the peer is gone."""
         size = int.from_bytes(await self._reader.readexactly(HEADER_BYTES), "little")
         return pickle.loads(await self._reader.readexactly(size))
+
+    async def drain(self) -> None:
+        """Send what waits in the outbox now, and wait until it is written."""
+        self._flush()
+        await self._writer.drain()
 
     def close(self) -> None:
         self._writer.close()

@@ -12,8 +12,15 @@ the messages, about half the loop's cost per turn: 2–2.5× one process at best
 Episodes are dealt one at a time to the worker with the fewest in flight, and their seeds are
 those of :func:`agentloop.collect.collect` (run seed, task id, sample index), so the groups that
 come back — reassembled here in task order — are the ones a single process plays. A worker that
-dies fails the batch with its exit code (no hang, nothing dropped); closing the pool stops every
-worker, and a worker whose parent is gone exits on its own (the socket closes).
+dies fails the batch with its exit code (no hang, nothing dropped), and so does one that dies or
+cannot start while the pool starts. This process enforces the episodes' deadlines: a worker that
+has not returned an episode within ``rollout.timeout_s`` plus ``grace_s`` (its own loop ends every
+episode at ``timeout_s``, so it is stopped, hung, or stuck in a C extension holding the GIL) is
+killed and fails the batch naming its pid and the episode, as a dead one does. The batch fails
+rather than replaying the worker's episodes elsewhere: whatever hung it (a deadlock, a tool that
+never returns) would likely hang the replay too, and a replay would run tools with side effects
+twice; a failed run says so and exits non-zero. Closing the pool stops every worker, and a
+worker whose parent is gone exits on its own (the socket closes).
 
 The env is a registered id or a picklable factory (:class:`agentloop.eval.EnvMaker` is one):
 the workers are spawned, not forked (the engine's threads make a fork unsafe), so a lambda or a
@@ -28,28 +35,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import itertools
 import multiprocessing
+import multiprocessing.process
+import os
 import pickle
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentloop.chat import TokenBuilder
 from agentloop.collect import (
-    YOUNG_GC_PER_EPISODE,
     EnvFactory,
     collect,
     gather_groups,
-    play_one,
     resolve_env,
-    rollout_gc,
 )
-from agentloop.engines.base import Engine, SamplingParams, generate
+from agentloop.engines.base import Engine, generate
 from agentloop.errors import AgentLoopError, ConfigError, InferenceError
 from agentloop.loop_wire import (
+    Broken,
     Cancel,
     Channel,
     Generate,
@@ -57,111 +64,20 @@ from agentloop.loop_wire import (
     Play,
     Played,
     Ready,
+    Start,
     open_channel,
 )
+from agentloop.loop_worker import Setup, worker_main
 from agentloop.rollout import RolloutConfig, check_builder
-from agentloop.types import Completion, Task, Trajectory, TrajectoryGroup
+from agentloop.types import Task, Trajectory, TrajectoryGroup
 
 __all__ = ["Collector", "LoopWorkers", "batch_collector"]
 
 _STOP_S = 10.0  # a worker asked to stop gets this long before it is killed
+GRACE_S = 30.0  # past rollout.timeout_s, how long a worker may take to return an episode
+START_S = 300.0  # how long the workers may take to start (each imports transformers)
 
 
-@dataclass(frozen=True)
-class _Setup:
-    """What a worker is started with."""
-
-    env: str | EnvFactory
-    env_kwargs: Mapping[str, Any]
-    builder: TokenBuilder
-    config: RolloutConfig
-    supports_images: bool
-
-
-# -- the worker side -------------------------------------------------------------------------
-class _EngineClient:
-    """The Engine a worker's episodes see: each request is answered by the main process's."""
-
-    def __init__(self, channel: Channel, supports_images: bool) -> None:
-        self._channel, self._images = channel, supports_images
-        self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future[Generated]] = {}
-
-    @property
-    def supports_images(self) -> bool:
-        return self._images
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        session_id: str | None = None,
-        images: Sequence[Any] = (),
-    ) -> Completion:
-        request = next(self._ids)
-        answer = self._waiting[request] = asyncio.get_running_loop().create_future()
-        self._channel.send(Generate(request, prompt_ids, sampling, session_id, tuple(images)))
-        try:
-            reply = await answer
-        finally:
-            self._waiting.pop(request, None)
-        if reply.completion is None:
-            raise reply.error or InferenceError("the engine returned nothing")
-        return reply.completion
-
-    def answer(self, reply: Generated) -> None:
-        waiting = self._waiting.get(reply.request)
-        if waiting is not None and not waiting.done():  # gone: its episode was cancelled
-            waiting.set_result(reply)
-
-
-def _worker_main(sock: socket.socket, setup: _Setup) -> None:
-    """A worker process: play what the main process deals out until it stops or is gone."""
-    asyncio.run(_work(sock, setup))
-
-
-async def _work(sock: socket.socket, setup: _Setup) -> None:
-    channel = await open_channel(sock)
-    engine = _EngineClient(channel, setup.supports_images)
-    factory = resolve_env(setup.env, setup.env_kwargs, setup.builder)
-    running: dict[int, asyncio.Task[None]] = {}
-    channel.send(Ready())
-
-    async def play(message: Play) -> None:
-        trajectories = await play_one(
-            factory, engine, setup.builder, message.task, setup.config, message.index, message.seed
-        )
-        running.pop(message.job, None)
-        channel.send(Played(message.job, trajectories))
-
-    with rollout_gc(episodes=1):  # the heap frozen; young collections spaced as episodes arrive
-        while True:
-            try:
-                messages = await channel.receive()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break  # the main process is gone
-            for message in messages:
-                if isinstance(message, Generated):
-                    engine.answer(message)
-                elif isinstance(message, Play):
-                    running[message.job] = asyncio.create_task(play(message))
-                    _space_young_collections(len(running))
-                elif isinstance(message, Cancel) and message.job in running:
-                    running.pop(message.job).cancel()
-    channel.close()  # asyncio.run cancels what still runs, and each episode closes its env
-
-
-def _space_young_collections(running: int) -> None:
-    """Space young GC collections by the episodes this worker runs, as ``collect`` does for a
-    batch (:func:`agentloop.collect.rollout_gc`); doubled when outgrown, never lowered."""
-    young, *older = gc.get_threshold()
-    wanted = YOUNG_GC_PER_EPISODE * running
-    if 0 < young < wanted:
-        gc.set_threshold(2 * wanted, *older)
-
-
-# -- the main side ---------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Worker:
     process: multiprocessing.process.BaseProcess
@@ -169,11 +85,15 @@ class _Worker:
     ready: asyncio.Future[None]
     jobs: dict[int, asyncio.Future[list[Trajectory]]] = field(default_factory=dict)
     reader: asyncio.Task[None] | None = None
+    failure: AgentLoopError | None = None  # why it was killed (hung), or could not start
 
     def gone(self) -> AgentLoopError:
+        if self.failure is not None:
+            return self.failure
+        when = "" if self.ready.done() else " while starting"
         return AgentLoopError(
-            f"loop worker {self.process.pid} exited (exit code {self.process.exitcode}) with "
-            f"{len(self.jobs)} episodes unfinished; its output above says why. "
+            f"loop worker {self.process.pid} exited (exit code {self.process.exitcode}){when} "
+            f"with {len(self.jobs)} episodes unfinished; its output above says why. "
             "Run with loop_workers=1 to play the episodes in this process."
         )
 
@@ -195,13 +115,21 @@ class LoopWorkers:
         *,
         workers: int,
         env_kwargs: Mapping[str, Any] | None = None,
+        grace_s: float = GRACE_S,
+        start_timeout_s: float = START_S,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"loop_workers must be >= 1, got {workers}")
+        if grace_s < 0 or start_timeout_s <= 0:
+            raise ConfigError(
+                f"LoopWorkers needs grace_s >= 0 and start_timeout_s > 0, got {grace_s}, "
+                f"{start_timeout_s}"
+            )
         check_builder(builder, config)
         resolve_env(env, env_kwargs or {}, builder)  # an unknown id or bad kwargs fail here
         self._engine, self._count = engine, workers
-        self._setup = _Setup(env, dict(env_kwargs or {}), builder, config, engine.supports_images)
+        self._grace_s, self._start_timeout_s = grace_s, start_timeout_s
+        self._setup = Setup(env, dict(env_kwargs or {}), builder, config, engine.supports_images)
         self._workers: list[_Worker] = []
         self._jobs = itertools.count()
         self._requests: set[asyncio.Task[None]] = set()
@@ -209,20 +137,45 @@ class LoopWorkers:
         self._closing = False
 
     async def __aenter__(self) -> LoopWorkers:
+        _check_main_script()
+        setup = self._pickled_setup()
         # side by side: each worker imports transformers and builds the TokenBuilder again
         spawned = await asyncio.gather(
-            *(self._spawn() for _ in range(self._count)), return_exceptions=True
+            *(self._spawn(setup) for _ in range(self._count)), return_exceptions=True
         )
         self._workers = [w for w in spawned if isinstance(w, _Worker)]
         try:
             for failed in spawned:
                 if isinstance(failed, BaseException):
                     raise failed
-            await asyncio.gather(*(w.ready for w in self._workers))
+            await self._started()
         except BaseException:
             await self.aclose()
             raise
         return self
+
+    async def _started(self) -> None:
+        """Wait for every worker's ``Ready``: the first that dies or cannot start fails it."""
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                await asyncio.gather(*(w.ready for w in self._workers))
+        except TimeoutError:
+            late = [w.process.pid for w in self._workers if not w.ready.done()]
+            raise AgentLoopError(
+                f"loop workers {late} did not start within {self._start_timeout_s:g} s (each "
+                "imports the env's modules and transformers); a loaded machine may need a "
+                "larger start_timeout_s, or run with loop_workers=1"
+            ) from None
+
+    def _pickled_setup(self) -> bytes:
+        try:
+            return pickle.dumps(self._setup, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ConfigError(
+                f"loop workers are spawned processes, and the env {self._setup.env!r} (or the "
+                f"TokenBuilder) could not be sent to them ({exc}); pass a registered env id or a "
+                "factory defined at the top level of an importable module, or set loop_workers=1"
+            ) from exc
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -231,26 +184,29 @@ class LoopWorkers:
     def pids(self) -> tuple[int, ...]:
         return tuple(w.process.pid for w in self._workers if w.process.pid is not None)
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self, setup: bytes) -> _Worker:
         ours, theirs = socket.socketpair()
+        # the setup goes over the socket, not as an argument: spawn writes arguments into a pipe
+        # that blocks for good when the child dies before reading them (a main script it cannot
+        # re-import), and a child that dies now closes the socket, which fails the start
         process = multiprocessing.get_context("spawn").Process(
-            target=_worker_main, args=(theirs, self._setup), name="agentloop-loop", daemon=True
+            target=worker_main, args=(theirs,), name="agentloop-loop", daemon=True
         )
-        try:  # start() returns once the child has read its arguments, after its imports
+        try:
             await asyncio.to_thread(process.start)
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            ours.close()
-            raise ConfigError(
-                f"loop workers are spawned processes, and the env {self._setup.env!r} (or the "
-                f"TokenBuilder) could not be sent to them ({exc}); pass a registered env id or a "
-                "factory defined at the top level of an importable module, or set loop_workers=1"
-            ) from exc
         finally:
             theirs.close()
         ready = asyncio.get_running_loop().create_future()
         worker = _Worker(process, await open_channel(ours), ready)
+        worker.channel.send(Start(setup))
         worker.reader = asyncio.create_task(self._read(worker), name=f"loop-worker-{process.pid}")
+        # its exit ends the reader even if a descendant keeps the socket open
+        asyncio.get_running_loop().add_reader(process.sentinel, self._exited, worker)
         return worker
+
+    def _exited(self, worker: _Worker) -> None:
+        asyncio.get_running_loop().remove_reader(worker.process.sentinel)
+        worker.channel.close()
 
     async def _read(self, worker: _Worker) -> None:
         while True:
@@ -265,6 +221,14 @@ class LoopWorkers:
                     request.add_done_callback(self._requests.discard)
                 elif isinstance(message, Ready):
                     worker.ready.set_result(None)
+                elif isinstance(message, Broken):
+                    worker.failure = ConfigError(
+                        f"loop worker {worker.process.pid} could not start: {message.reason}; "
+                        "a spawned worker imports the env factory and its tools anew, so they "
+                        "must be importable (a module, or the main script's top level under "
+                        "`if __name__ == '__main__'`), or set loop_workers=1"
+                    )
+                    worker.ready.set_exception(worker.failure)
                 elif isinstance(message, Played):
                     done = worker.jobs.pop(message.job, None)
                     if done is not None and not done.done():
@@ -305,11 +269,32 @@ class LoopWorkers:
         done = worker.jobs[job] = asyncio.get_running_loop().create_future()
         worker.channel.send(Play(job, task, index, seed))
         try:
-            return await done
+            async with asyncio.timeout(self._setup.config.timeout_s + self._grace_s):
+                return await done
+        except TimeoutError:
+            worker.jobs.pop(job, None)
+            raise self._hung(worker, task, index) from None
         except asyncio.CancelledError:
             if worker.jobs.pop(job, None) is not None:
                 worker.channel.send(Cancel(job))
             raise
+
+    def _hung(self, worker: _Worker, task: Task, index: int) -> AgentLoopError:
+        """Kill ``worker``, late with an episode, and fail it (and the pool) like a dead one."""
+        if worker.failure is None:
+            worker.failure = AgentLoopError(
+                f"loop worker {worker.process.pid} did not return episode {task.id!r} (sample "
+                f"{index}) within rollout.timeout_s={self._setup.config.timeout_s:g} s + "
+                f"{self._grace_s:g} s of grace: the worker is stopped, hung or stuck (a "
+                "deadlock, a C extension holding the GIL), so it was killed with "
+                f"{len(worker.jobs) + 1} episodes unfinished. Run with loop_workers=1 to play "
+                "the episodes in this process."
+            )
+            if worker.process.is_alive():
+                worker.process.kill()
+        if not self._closing:
+            self._failed = self._failed or worker.failure
+        return worker.failure
 
     async def collect(
         self,
@@ -333,12 +318,29 @@ class LoopWorkers:
         for worker in workers:
             worker.channel.close()
         for worker in workers:
+            asyncio.get_running_loop().remove_reader(worker.process.sentinel)
             await asyncio.to_thread(worker.process.join, _STOP_S)
             if worker.process.is_alive():
                 worker.process.kill()
                 await asyncio.to_thread(worker.process.join)
             if worker.reader is not None:
                 await asyncio.wait([worker.reader])
+
+
+def _check_main_script() -> None:
+    """A ``ConfigError`` if spawned workers cannot start here: spawn re-runs the main script
+    from its file first, and a script fed on stdin has none (every worker would die at once)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return  # python -m module: re-imported by name
+    path = getattr(main, "__file__", None)
+    where = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or ""
+    if path is not None and not os.path.isfile(os.path.join(where, path)):
+        raise ConfigError(
+            f"loop workers are spawned processes that start by re-running the main script, "
+            f"and this one is not a file ({path!r}: a script fed on stdin); save it to a file "
+            "and run that, or set loop_workers=1"
+        )
 
 
 class Collector(Protocol):

@@ -66,7 +66,11 @@ async def serve_proxy(
     from transformers import AutoTokenizer
 
     from agentloop.chat import TokenBuilder
+    from agentloop.model_files import check_model_dir
+    from agentloop.sandboxes.http_server import check_port_free
 
+    check_port_free(config.host, config.port)  # before the engine's minutes of loading
+    check_model_dir(config.model, "--model", weights=config.engine != "openai")
     # A template that rewrites history is rendered per request, as at inference: a rewritten
     # history starts a new segment (the proxy's own "strip").
     builder = TokenBuilder(AutoTokenizer.from_pretrained(config.model), thinking="strip")

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import logging
 import resource
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -49,7 +51,13 @@ from agentloop.errors import ConfigError
 
 from .http_limits import HttpLimits, limit_logging
 
-__all__ = ["HttpServer", "internal_error", "return_big_buffers"]
+__all__ = [
+    "HttpServer",
+    "check_port_free",
+    "internal_error",
+    "listen_error",
+    "return_big_buffers",
+]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -61,6 +69,37 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
 )
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """The error for a server that cannot listen on ``host:port``, naming the fix."""
+    if exc.errno == errno.EADDRINUSE:
+        why = (
+            "the port is in use by another process; pass another --port (0 picks a free one), "
+            f"or stop the process that listens there (`ss -ltnp 'sport = :{port}'` shows it)"
+        )
+    else:
+        why = f"{exc.strerror or exc}; check --host and --port"
+    return ConfigError(f"cannot listen on {host}:{port}: {why}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail now, with :func:`listen_error`, if ``host:port`` cannot be listened on: for a
+    server that has minutes of work (an engine to load) before it listens. Binds as asyncio
+    does (``SO_REUSEADDR``), so a port left in ``TIME_WAIT`` passes."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}; check --host") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise listen_error(host, port, exc) from None
 
 
 # ---------------------------------------------------------------------- connections
@@ -157,7 +196,11 @@ class HttpServer:
         )
         await self._runner.setup()
         site = _CappedSite(self._runner, host, port, self._protocol)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            raise listen_error(host, port, exc) from None
         self.port = site._port
         return self.port
 

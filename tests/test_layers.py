@@ -35,6 +35,7 @@ FLOORS: tuple[tuple[str, int], ...] = (
     ("agentloop.proxy", 5),  # agent programs' episodes, played by the same loop
     ("agentloop.eval", 6),
     ("agentloop.loop_workers", 6),
+    ("agentloop.loop_worker", 6),  # a loop worker process: the loop, asking the driver
     ("agentloop.doctor", 6),
     ("agentloop.serve_proxy", 7),  # ``agentloop serve-proxy``: the proxy before an engine
     ("agentloop.trainers", 8),

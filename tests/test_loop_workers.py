@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -169,6 +170,96 @@ async def test_a_worker_that_dies_fails_the_batch_naming_its_exit_code(
         with pytest.raises(AgentLoopError, match="exit code -9"):  # and so does a later batch
             await asyncio.wait_for(workers.collect(tasks[:1]), timeout=60)
     assert all(not _alive(pid) for pid in workers.pids)
+
+
+@pytest.mark.slow  # a worker process start (~5 s of one core), then its deadline (10 s)
+async def test_a_stopped_worker_is_killed_and_fails_the_batch_naming_it(
+    builder: TokenBuilder, tokenizer: Any
+) -> None:
+    slow = FakeEngine(calc_script(tokenizer), tokenizer=tokenizer,
+                      eos_token_id=tokenizer.eos_token_id, latency_s=0.2)  # fmt: skip
+    config = dataclasses.replace(CONFIG, timeout_s=5.0)
+    tasks = make(ENV, **FAKE).tasks("test", 8)
+    async with LoopWorkers(slow, ENV, builder, config, workers=2, env_kwargs=FAKE,
+                           grace_s=5.0) as workers:  # fmt: skip
+        stopped = workers.pids[0]
+        batch = asyncio.create_task(workers.collect(tasks, group_size=2, concurrency=16))
+        await eventually(lambda: len(slow.requests) > 0, timeout=60)
+        os.kill(stopped, signal.SIGSTOP)  # alive, but never answers again: a hung worker
+        named = rf"loop worker {stopped} did not return episode '[\w-]+' \(sample \d\) within "
+        deadline = r"rollout\.timeout_s=5 s \+ 5 s of grace.*killed with \d+ episodes unfinished"
+        with pytest.raises(AgentLoopError, match=named + deadline):
+            await asyncio.wait_for(batch, timeout=120)  # failed by the driver, not hung
+        with pytest.raises(AgentLoopError, match=f"loop worker {stopped} did not return"):
+            await asyncio.wait_for(workers.collect(tasks[:1]), timeout=60)
+        await eventually(lambda: not _alive(stopped), timeout=60)  # killed (and reaped)
+    assert all(not _alive(pid) for pid in workers.pids)
+
+
+class _ExitsWhenUnpickled:
+    """An env factory whose unpickling ends the process: a worker that dies while starting."""
+
+    def __call__(self) -> Env:
+        return pid_env()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os._exit, (3,))
+
+
+class _RaisesWhenUnpickled(_ExitsWhenUnpickled):
+    """An env factory that the worker cannot unpickle (here: an import that fails there)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (importlib.import_module, ("a_module_only_the_driver_has",))
+
+
+@pytest.mark.slow  # two worker process starts (~5 s of one core each)
+async def test_a_worker_that_cannot_start_fails_the_start_naming_why(
+    engine: FakeEngine, tokenizer: Any
+) -> None:
+    pid_builder = TokenBuilder(tokenizer, tools=pid_env().tool_schemas)
+    dies = LoopWorkers(engine, _ExitsWhenUnpickled(), pid_builder, CONFIG, workers=1)
+    with pytest.raises(AgentLoopError, match=r"exited \(exit code 3\) while starting"):
+        await asyncio.wait_for(dies.__aenter__(), timeout=120)  # at once, not a hang
+    broken = LoopWorkers(engine, _RaisesWhenUnpickled(), pid_builder, CONFIG, workers=1)
+    reason = r"could not start: ModuleNotFoundError: No module named 'a_module_only_the_driver_has'"
+    with pytest.raises(ConfigError, match=reason + ".*must be importable"):
+        await asyncio.wait_for(broken.__aenter__(), timeout=120)
+
+
+@pytest.mark.slow  # a python process that imports transformers (~8 s)
+async def test_a_script_fed_on_stdin_is_refused_at_once(tiny_model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    script = f"""
+import asyncio
+from transformers import AutoTokenizer
+from agentloop.chat import TokenBuilder
+from agentloop.engines.fake import FakeEngine
+from agentloop.envs import make
+from agentloop.loop_workers import LoopWorkers
+from agentloop.rollout import RolloutConfig
+
+def env():
+    return make("agentloop/Calc-v0", sandbox="fake")
+
+tok = AutoTokenizer.from_pretrained({str(tiny_model_dir)!r})
+builder = TokenBuilder(tok, tools=env().tool_schemas)
+
+async def main():
+    async with LoopWorkers(FakeEngine(["hi"], tokenizer=tok), env, builder, RolloutConfig(),
+                           workers=2):
+        pass
+
+asyncio.run(main())
+"""
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-"], input=script,
+                                   capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1
+    assert "ConfigError: loop workers are spawned processes that start by re-running the main " \
+        "script, and this one is not a file ('<stdin>'" in done.stderr  # fmt: skip
+    assert "save it to a file and run that, or set loop_workers=1" in done.stderr
 
 
 async def test_an_env_the_workers_cannot_import_is_a_config_error(

@@ -247,6 +247,12 @@ def build_index(
     passages, and write ``meta.json`` last, so a half-built index is never loaded."""
     if kind not in INDEX_KINDS:
         raise ConfigError(f"index kind {kind!r} is unknown; use one of {INDEX_KINDS}")
+    if isinstance(corpus, str | os.PathLike) and not Path(corpus).is_file():
+        raise ConfigError(
+            f"corpus file {str(corpus)!r} does not exist; pass a JSONL file of {{id, title, "
+            "text}} (or Search-R1's {id, contents}) rows, or --corpus searchqa for the built-in "
+            "SearchQA-v0 corpus"
+        )
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)

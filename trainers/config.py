@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from agentloop.engines.backends import BACKENDS, EngineBackend
 from agentloop.engines.vllm import VLLMConfig, WeightTransport, check_settings
 from agentloop.errors import ConfigError
+from agentloop.model_files import check_model_dir
 from agentloop.rollout import RolloutConfig
 from agentloop.tools.mcp import parse_tool_spec
 from agentloop.tools.recording import ToolTapeConfig
@@ -795,10 +796,7 @@ def load_config(
                 f"config file {str(path)!r} does not exist; pass a YAML file (an example: "
                 f"{example_config('grpo_calc_tiny')})"
             )
-        try:
-            layers.append(OmegaConf.load(Path(path)))
-        except Exception as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+        layers.append(_load_yaml(Path(path)))
     for item in overrides:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():
@@ -814,6 +812,29 @@ def load_config(
             f"config key {key}: {msg}{_known_keys(exc)}; fix it in the YAML file or the key=value "
             "override"
         ) from None
+
+
+def _load_yaml(path: Path) -> Any:
+    """The YAML file ``path`` as a mapping of sections; an empty file or one whose top level
+    is not a mapping (a list, a scalar) is a ``ConfigError``, not a run of every default."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    example = f"(an example: {example_config('grpo_calc_tiny')})"
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(
+            f"config file {str(path)!r}: its top level is a list; a config is a mapping of "
+            f"sections (model:, data:, trainer:, ...) {example}"
+        )
+    if not loaded:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty; write the sections to change (model:, data:, "
+            f"trainer:, ...) {example}, or pass the name of a shipped config"
+        )
+    return loaded
 
 
 def _known_keys(exc: Exception) -> str:
@@ -852,4 +873,4 @@ def local_model_dir(path: str) -> Path:
             "such as tiny or tiny-calc is built by agentloop train/sft/demo, or in Python by "
             "agentloop.models.resolve_model(cfg))"
         )
-    return Path(path).resolve()
+    return check_model_dir(path, "model.path").resolve()

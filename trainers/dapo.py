@@ -94,10 +94,23 @@ def accumulate_groups(
     if len(pool) >= target_groups:
         return pool[:target_groups], [], stats
     if 0 < max_rounds <= rounds:
-        raise ConfigError(
+        found = (
             f"dynamic sampling found {len(pool)} of {target_groups} groups with non-constant "
-            f"{metric} after {rounds} generation rounds (max_rounds={max_rounds}); the data are "
-            "too easy or too hard for the model: raise max_rounds, or filter the dataset"
+            f"{metric} after {rounds} generation rounds (algorithm.max_sampling_rounds="
+            f"{max_rounds})"
+        )
+        if pool:  # some tasks do give a signal: more rounds find more of them
+            raise ConfigError(
+                f"{found}; the data are mostly too easy or too hard for the model: raise "
+                "algorithm.max_sampling_rounds (0: no cap), or filter the dataset"
+            )
+        seen = sorted({v for g in new_groups for v in _metric_values(g, metric)}, key=str)
+        raise ConfigError(
+            f"{found}: within each group every sample scored the same {metric} (values seen: "
+            f"{', '.join(map(str, seen[:4]))}), so more rounds will not help; the model solves "
+            "none (or all) of these tasks. Start from a model that earns mixed rewards "
+            "(model.path=tiny-calc rather than the random tiny), or set "
+            "algorithm.dynamic_sampling=false to train on the groups as they come"
         )
     return None, pool, stats
 

@@ -31,7 +31,6 @@ from agentloop.chat import TokenBuilder
 from agentloop.collect import EnvFactory
 from agentloop.engines.base import Engine
 from agentloop.errors import AgentLoopError, ConfigError
-from agentloop.eval import env_factory
 from agentloop.loop_workers import Collector, batch_collector
 from agentloop.sandboxes.remote_pool import pool_stats
 from agentloop.tools.recording import tool_tape
@@ -42,9 +41,7 @@ from agentloop.trainers.config import (
     AlgorithmConfig,
     TrainConfig,
     batch_sizes,
-    check_engine_serves,
     config_to_yaml,
-    local_model_dir,
 )
 from agentloop.trainers.data import PromptSampler, write_step_groups
 from agentloop.trainers.group import WorkerGroup, open_worker_group
@@ -52,6 +49,7 @@ from agentloop.trainers.guards import RunGuard
 from agentloop.trainers.metrics import MetricsLogger, PhaseTimer, mismatch_metrics, rollout_metrics
 from agentloop.trainers.notices import RunNotices
 from agentloop.trainers.packing import TrainSeq, train_seqs
+from agentloop.trainers.preflight import check_start
 from agentloop.trainers.rollouts import (
     BatchSource,
     BusyMeter,
@@ -60,7 +58,6 @@ from agentloop.trainers.rollouts import (
     version_metrics,
 )
 from agentloop.types import TrajectoryGroup
-from agentloop.vision import vision_of
 
 __all__ = ["StepInfo", "TrainResult", "train", "train_async"]
 
@@ -121,34 +118,21 @@ async def train_async(
 ) -> TrainResult:
     """:func:`train` inside a running event loop; ``on_step`` is awaited after every step.
     ``engine`` (local placement) generates instead of a vLLM engine of the run's own."""
-    from transformers import AutoTokenizer
-
-    cfg.logging.check_available()
+    cfg.logging.check_available()  # before the run dir is made (check_start repeats it)
     out = Path(cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
     notices = RunNotices(out)
     for message in cfg.notices():
         notices.note(message, message)
-    # the env of every episode, with data.tools added (listed once: a server that is not up
-    # fails here, named; a replay makes them from the recording)
-    env_of = env_factory(cfg.data.env, cfg.data.env_kwargs, cfg.data.tools, cfg.rollout.tool_io())
-    env = env_of()
-    if cfg.rollout.tool_io().uses_live_tools:  # a replay needs no tool service
-        await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
-    model_dir = local_model_dir(cfg.model.path)  # a named model was resolved by the entry point
-    check_engine_serves(cfg, model_dir)
-    vision = vision_of(model_dir)  # a vision-language model's images expand to its tokens
-    tasks = env.tasks(cfg.data.train_split, cfg.data.num_train_tasks)
+    checked = await check_start(cfg)  # env, tools, services, tasks, model, template, parser
+    env_of, tasks, builder, model_dir = (
+        checked.env_of, checked.tasks, checked.builder, checked.model_dir
+    )  # fmt: skip
+    assert model_dir is not None and builder is not None  # checked: check_model is on
     print(f"model {model_dir}, {cfg.trainer.placement} placement, run dir {out}")
     print(batch_sizes(cfg, len(tasks)).describe(), flush=True)
-    builder = TokenBuilder(
-        AutoTokenizer.from_pretrained(model_dir),
-        tools=env.tool_schemas,
-        thinking=cfg.rollout.thinking,  # a template that rewrites history fails here, named
-        vision=vision,
-    )
-    print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")  # "auto" fails here
+    print(f"tool-call parser {builder.parser_for(cfg.rollout.parser)}")
     sampler = PromptSampler(tasks, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     async with (
         open_worker_group(cfg, model_dir, engine=engine) as group,

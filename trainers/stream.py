@@ -231,7 +231,8 @@ class RolloutStream:
                 f"{self.settings.filter_metric} while gathering one batch of "
                 f"{self.settings.groups_per_batch} (cap {cap} = max_sampling_rounds × "
                 "prompts_per_step); the data are too easy or too hard for the model: raise "
-                "algorithm.max_sampling_rounds, or filter the dataset"
+                "algorithm.max_sampling_rounds, filter the dataset, or, for a model that earns "
+                "no reward (model.path=tiny), set algorithm.dynamic_sampling=false"
             )
 
     def _pick(self) -> _Entry | None:

@@ -190,12 +190,12 @@ def test_bad_settings_name_the_value(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # imports the eval CLI's and the trainer config's dependencies (transformers)
 def test_cli_and_training_config_name_bad_tool_io_values(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
 ) -> None:
     from agentloop.cli import main
     from agentloop.trainers.config import TrainRolloutConfig
 
-    base = ["eval", "--env", "agentloop/Calc-v0", "--model", str(tmp_path), "--quiet"]
+    base = ["eval", "--env", "agentloop/Calc-v0", "--model", str(tiny_model_dir), "--quiet"]
     assert main([*base, "--out", str(tmp_path / "a"), "--replay", str(tmp_path / "none")]) == 2
     assert "holds no tool_calls.jsonl" in capsys.readouterr().err
     assert main([*base, "--out", str(tmp_path / "b"), "--tools", "python server.py"]) == 2

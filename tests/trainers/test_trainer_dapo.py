@@ -90,6 +90,42 @@ def test_accumulate_raises_past_max_rounds() -> None:
     assert accumulate_groups([], [flat], target_groups=2, rounds=99, max_rounds=0)[0] is None
 
 
+def test_accumulate_names_the_fix_that_helps() -> None:
+    """Groups that are all constant: more rounds cannot help, dynamic sampling off does; a few
+    informative groups found: more rounds do."""
+    flat = [_group("f", [0, 0]), _group("g", [0, 0])]
+    with pytest.raises(
+        ConfigError, match=r"values seen: 0\).*set algorithm\.dynamic_sampling=false"
+    ):
+        accumulate_groups([], flat, target_groups=2, rounds=3, max_rounds=3)
+    some = [_group("a", [1, 0])]
+    with pytest.raises(ConfigError, match=r"found 1 of 2 .* raise algorithm\.max_sampling_rounds"):
+        accumulate_groups(some, flat, target_groups=2, rounds=3, max_rounds=3)
+
+
+async def test_the_shipped_example_on_tiny_fails_naming_the_fix_and_runs_with_it() -> None:
+    """``agentloop train grpo_calc_tiny model.path=tiny``: the random tiny model earns reward 0
+    in every episode; with the example's dynamic sampling the step fails naming
+    ``algorithm.dynamic_sampling=false``, and with it the step's batch is the groups played."""
+    from agentloop.trainers.config import TrainConfig, example_config, load_config
+    from agentloop.trainers.data import PromptSampler
+    from agentloop.trainers.rollouts import GenContext, generate_batch
+
+    async def tiny(tasks: list[Task], *, group_size: int, **_: object) -> list[TrajectoryGroup]:
+        return [_group(t.id, [0.0] * group_size) for t in tasks]  # what tiny scores on Calc
+
+    tasks = [Task(id=f"calc-{i}") for i in range(16)]
+    shipped = ["model.path=tiny", "data.env_kwargs.sandbox=fake"]
+    cfg = load_config(TrainConfig, example_config("grpo_calc_tiny"), shipped)
+    assert cfg.algorithm.dynamic_sampling
+    with pytest.raises(ConfigError, match=r"set algorithm\.dynamic_sampling=false to train"):
+        await generate_batch(GenContext(cfg, tiny, PromptSampler(tasks)), 1)
+    fixed = load_config(TrainConfig, example_config("grpo_calc_tiny"),
+                        [*shipped, "algorithm.dynamic_sampling=false"])  # fmt: skip
+    groups, _ = await generate_batch(GenContext(fixed, tiny, PromptSampler(tasks)), 1)
+    assert len(groups) == fixed.trainer.prompts_per_step and all(len(g) == 8 for g in groups)
+
+
 def test_overlong_penalty_linear_in_the_buffer() -> None:
     # max 20, buffer 4: free up to 16 tokens, then -0.25·factor per token
     lens = torch.tensor([10, 16, 17, 18, 20, 22])
