@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentloop.errors import AgentLoopError, ConfigError
 
@@ -421,20 +422,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # the sizes as YAML comments: the whole output stays a config that loads back
         print("\n".join(f"# {line}" for line in batch_sizes(cfg).describe().splitlines()))
         print("".join(f"# notice: {notice}\n" for notice in cfg.notices()), end="", flush=True)
-        import asyncio
-
-        from agentloop.models import MODEL_NAMES
-        from agentloop.trainers.preflight import check_start
-
-        named = cfg.model.path in MODEL_NAMES  # built on first use: not here
-        asyncio.run(check_start(cfg, check_model=not named))  # train's checks, starting nothing
+        _check_start(cfg, model=False)  # train's checks, starting nothing
         return 0
     from agentloop.models import resolve_model
     from agentloop.trainers.grpo import train
 
+    _check_start(cfg, model=True)
     result = train(resolve_model(cfg))
     print(f"done at step {result.last_step}: metrics in {result.out_dir / 'metrics.jsonl'}")
     return 0
+
+
+def _check_start(cfg: Any, *, model: bool) -> None:  # a TrainConfig (trainers: lazily)
+    """Train's start-up checks before a named model (``tiny-calc``) is built on first use,
+    minutes of CPU work: a dead sandbox URL fails in a second, not after the build.
+    ``model`` false (``--print-config``) checks a model directory too, never a name's build;
+    ``model`` true leaves a directory's checks to ``train`` itself."""
+    import asyncio
+
+    from agentloop.models import MODEL_NAMES
+    from agentloop.trainers.preflight import check_start
+
+    named = cfg.model.path in MODEL_NAMES
+    if named or not model:
+        asyncio.run(check_start(cfg, check_model=not named))
 
 
 def _add_sft(parser: argparse.ArgumentParser) -> None:

@@ -175,11 +175,13 @@ def test_allowed_degenerate_settings_are_notices() -> None:
 
 
 def test_agentloop_train_shows_and_records_the_notices(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
 ) -> None:
     """Through the CLI: --print-config lists a notice under the config, and a run records it in
     its notices.jsonl (with a warning) before anything else; here the run then stops at its
-    start-up check (no sandbox server answers), so no engine is started."""
+    start-up check (no sandbox server answers), so no engine is started. With the example's
+    named model (``tiny-calc``, built on first use) the same dead sandbox fails before the
+    build, without a run dir."""
     assert main(["train", str(TINY), "actor.lr=0", "--print-config"]) == 0
     assert (
         "# notice: actor.lr=0: the optimiser never changes the weights" in capsys.readouterr().out
@@ -190,8 +192,11 @@ def test_agentloop_train_shows_and_records_the_notices(
     out = tmp_path / "run"
     args = ["train", str(TINY), "actor.lr=0", f"trainer.out_dir={out}", "logging.progress=false",
             f"data.env_kwargs.sandbox={dead}"]  # fmt: skip
+    assert main(args) == 2  # tiny-calc is not built: the dead sandbox is named first
+    assert f"sandbox server {dead} does not answer" in capsys.readouterr().err
+    assert not out.exists()
     with pytest.warns(RunNotice, match=r"actor\.lr=0"):
-        assert main(args) == 2
+        assert main([*args, f"model.path={tiny_model_dir}"]) == 2
     assert f"sandbox server {dead} does not answer" in capsys.readouterr().err
     [record] = [json.loads(line) for line in (out / NOTICES_FILE).read_text().splitlines()]
     assert record["message"].startswith("actor.lr=0: the optimiser never changes the weights")
