@@ -66,7 +66,7 @@ def _load(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ConfigError(f"reward {spec!r}: {where} has no function {name!r}; it has {found}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _load_file(path: Path, spec: str) -> Any:

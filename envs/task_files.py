@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentloop.errors import EnvError
-from agentloop.types import Message, Task
+from agentloop.types import Message, Role, Task
 
 __all__ = [
     "MAX_REPORTED",
@@ -188,7 +188,8 @@ def prompt_messages(task: Task, system_prompt: str | None) -> list[Message]:
     if isinstance(prompt, str):
         given = [Message("user", prompt)]
     else:
-        given = [Message(str(m["role"]), str(m["content"])) for m in prompt]
+        # roles were checked by the task schema (_chat_problems)
+        given = [Message(cast(Role, m["role"]), str(m["content"])) for m in prompt]
     if system_prompt and not any(m.role == "system" for m in given):
         return [Message("system", system_prompt), *given]
     return given
