@@ -197,3 +197,35 @@ def test_export_names_what_is_not_a_checkpoint(tmp_path: Path) -> None:
         export_checkpoint(tmp_path / "run", tmp_path / "out")
     with pytest.raises(ConfigError, match=r"config\.yaml"):
         export_checkpoint(steps / "step_00000001", tmp_path / "out")
+
+
+EVAL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": len(solution_str) % 7 / 7, "has_truth": float(ground_truth in solution_str)}
+"""
+
+
+@pytest.mark.slow  # the HF engine on the tiny model plays 2 episodes
+def test_agentloop_eval_plays_a_verl_parquet_with_a_verl_reward(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from agentloop.cli import main
+    from agentloop.io import read_jsonl
+
+    data = write_parquet(tmp_path / "test.parquet", [verl_row(i, str(i + 1)) for i in range(2)])
+    (tmp_path / "my_reward.py").write_text(EVAL_REWARD)
+    out = tmp_path / "run"
+    args = ["eval", "--env", "agentloop/MathTool-v0", "--env-arg", f'files={{"test": "{data}"}}',
+            "--model", str(tiny_model_dir), "--out", str(out), "--engine", "hf", "--quiet",
+            "--n", "1", "--max-turns", "1", "--max-response-len", "16",
+            "--reward", f"{tmp_path}/my_reward.py:compute_score"]  # fmt: skip
+    assert main(args) == 0
+    records = read_jsonl(out / "trajectories.jsonl")
+    assert len(records) == 2
+    for r in records:
+        reply = r["messages"][-1]["content"]
+        assert r["reward"] == pytest.approx(len(reply) % 7 / 7)
+        assert "has_truth" in r["metrics"]
+    bad = [*args[:-1], f"{tmp_path}/my_reward.py:score"]
+    bad[bad.index("--out") + 1] = str(tmp_path / "bad")
+    assert main(bad) == 2
