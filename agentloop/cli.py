@@ -231,6 +231,13 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     )
     add("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env kwarg, repeatable")
     add(
+        "--reward",
+        metavar="FILE.py:NAME",
+        help="your own reward instead of the env's: 'path/to/file.py:fn' or 'package.module:fn', "
+        "verl's compute_score(data_source, solution_str, ground_truth, extra_info) or "
+        "fn(task, messages)",
+    )
+    add(
         "--tools",
         action="append",
         default=[],
@@ -346,6 +353,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         engine_args=_key_values(args.engine_arg),
         tools=tuple(args.tools),
         tool_io=ToolTapeConfig.of(args.record, args.replay, args.replay_miss, args.replay_latency),
+        reward=args.reward,
     )
     # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -472,6 +480,23 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return sft_main(resolve_model(cfg))
 
 
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a run's checkpoint: RUN/checkpoints/step_N")
+    parser.add_argument("out", help="the HF model directory to write (new or empty)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), help="convert the weights (default: as trained)"
+    )
+    parser.add_argument("--device", default="cpu", help="where to load the model (cpu, cuda)")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from agentloop.trainers.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, device=args.device)
+    print(f"exported {args.checkpoint} to {out} (an HF model dir)")
+    return 0
+
+
 def _add_make_calc_traces(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("out", help="output JSONL file")
@@ -556,6 +581,12 @@ _COMMANDS: tuple[_Command, ...] = (
         "supervised fine-tuning on multi-turn tool-call conversations (JSONL), FSDP2",
         _add_sft,
         _cmd_sft,
+    ),
+    _Command(
+        "export",
+        "write a run's checkpoint (checkpoints/step_N) as an HF model directory",
+        _add_export,
+        _cmd_export,
     ),
     _Command(
         "make-calc-traces",

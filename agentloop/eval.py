@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import hashlib
 import importlib.util
 import json
@@ -22,7 +21,8 @@ from typing import Any
 from agentloop.chat import TokenBuilder
 from agentloop.checksums import model_fingerprint
 from agentloop.engines.base import Engine
-from agentloop.envs import Env, ToolEnv, make
+from agentloop.env_maker import EnvMaker, env_factory
+from agentloop.envs import Env
 from agentloop.envs.base import AnswerHook
 from agentloop.errors import ConfigError
 from agentloop.eval_report import (
@@ -39,7 +39,7 @@ from agentloop.io import JsonlWriter, read_json_object, trajectory_to_dict
 from agentloop.loop_workers import batch_collector
 from agentloop.model_files import check_model_dir
 from agentloop.rollout import RolloutConfig
-from agentloop.tools import Tool, get_parser
+from agentloop.tools import get_parser
 from agentloop.tools.recording import ToolTapeConfig, tool_tape
 from agentloop.types import Task, Trajectory
 from agentloop.vision import vision_of
@@ -111,6 +111,8 @@ class EvalConfig:
     tool_io: ToolTapeConfig = field(default_factory=ToolTapeConfig)
     """Record every tool call to a directory, or replay tool outputs from one
     (``--record``, ``--replay``, ``--replay-miss``, ``--replay-latency``)."""
+    reward: str | None = None
+    """``FILE.py:NAME`` or ``MODULE:NAME`` replacing the env's reward (``--reward``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -152,7 +154,8 @@ def config_fingerprint(
             "top_k": r.top_k,
             "stop_token_ids": list(builder.stop_token_ids),
         },
-        "env": {"id": config.env, "kwargs": dict(config.env_kwargs)},
+        "env": {"id": config.env, "kwargs": dict(config.env_kwargs)}
+        | ({"reward": config.reward} if config.reward else {}),  # older runs' hashes hold
         "scoring": {"pass_threshold": config.pass_threshold, "answer_hook": hook is not None},
     }
     return {k: _sha256(v) for k, v in parts.items()}
@@ -240,66 +243,12 @@ def _run_lock(out: Path) -> Iterator[None]:
         yield
 
 
-@dataclass(frozen=True)
-class EnvMaker:
-    """Makes ``make(env, **env_kwargs)`` with the extra ``tools`` specs' tools added (``eval
-    --tools``, training's ``data.tools``): listed at the first env made and shared by every env
-    made after it, or rebuilt from ``tool_io``'s recording when it replays without live tools
-    (:func:`agentloop.tools.tool_specs.spec_tools`). A tool named like an env tool replaces it
-    only when its spec says ``replace=NAME``; otherwise making the env raises ``ConfigError``.
-    Picklable: a loop worker process (:mod:`agentloop.loop_workers`) lists the tools again."""
-
-    env: str
-    env_kwargs: Mapping[str, Any]
-    tools: tuple[str, ...] = ()
-    tool_io: ToolTapeConfig | None = None
-
-    @functools.cached_property
-    def _extra(self) -> list[Tool]:
-        from agentloop.tools.tool_specs import spec_tools
-
-        return spec_tools(self.tools, self.tool_io)
-
-    @functools.cached_property
-    def _replace(self) -> frozenset[str]:
-        """The env tools the specs may take over (``mcp[replace=python]:…``)."""
-        from agentloop.tools.mcp import parse_tool_spec
-
-        return frozenset(name for spec in self.tools for name in parse_tool_spec(spec).replace)
-
-    def __call__(self) -> Env:
-        made = make(self.env, **self.env_kwargs)
-        if self._extra:
-            if not isinstance(made, ToolEnv):
-                raise ConfigError(
-                    f"extra tools ({', '.join(self.tools)}) are added to a ToolEnv's tools, but "
-                    f"{self.env} is a {type(made).__name__}; drop --tools/data.tools or play a "
-                    "ToolEnv"
-                )
-            made.add_tools(self._extra, replace=self._replace)
-        return made
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_extra"}  # tools stay here
-
-
-def env_factory(
-    env: str,
-    env_kwargs: Mapping[str, Any],
-    tools: Sequence[str] = (),
-    tool_io: ToolTapeConfig | None = None,
-) -> EnvMaker:
-    """The :class:`EnvMaker` of ``env`` with ``tools``; the tools are listed now (a server
-    that is not up fails here, named)."""
-    maker = EnvMaker(env, dict(env_kwargs), tuple(tools), tool_io)
-    maker._extra  # noqa: B018  # listed now
-    return maker
-
-
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
     from transformers import AutoTokenizer
 
-    factory = env_factory(config.env, config.env_kwargs, config.tools, config.tool_io)
+    factory = env_factory(
+        config.env, config.env_kwargs, config.tools, config.tool_io, config.reward
+    )
     env = factory()
     builder = TokenBuilder(
         AutoTokenizer.from_pretrained(config.model),

@@ -39,7 +39,7 @@ from agentloop.envs.rewards import (
     normalize_answer,
     to_number,
 )
-from agentloop.envs.task_files import TaskFiles, TaskSchema
+from agentloop.envs.task_files import TaskFiles, TaskSchema, prompt_text
 from agentloop.envs.zoom_env import ZoomToolEnv
 from agentloop.errors import EnvError, RewardError
 from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
@@ -184,7 +184,7 @@ async def deepeyes_reward(
     answer, format_ok = deepeyes_format(messages)
     gold = str(task.data["answer"])
     if judge is not None:
-        correct = answer is not None and await judge(str(task.data["prompt"]), gold, answer)
+        correct = answer is not None and await judge(prompt_text(task), gold, answer)
         verdict = Verdict(answer, gold, correct, "judge", "the LLM judge's decision")
     else:
         verdict = await _rule_verdict(answer, gold, messages, extraction, timeout_s)
@@ -273,7 +273,7 @@ class DeepEyesEnv(ZoomToolEnv):
                 "task file's image paths (relative ones are relative to the file's folder)"
             ) from None
         system = [Message("system", self.system_prompt)] if self.system_prompt else []
-        return [*system, Message("user", str(task.data["prompt"]), images=(image,))]
+        return [*system, Message("user", prompt_text(task), images=(image,))]
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
         return self.files.tasks(split, limit)

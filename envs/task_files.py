@@ -5,6 +5,10 @@ plus whatever else an env needs (an image path, a data source). ``id`` must be u
 file; every other field goes to ``Task.data``. Recipes' data preparation scripts convert public
 datasets (parquet or JSONL) into this format with :func:`read_rows` and :func:`write_tasks`;
 file-backed envs read it with :class:`TaskFiles`, which loads each file once per process.
+
+verl's dataset rows are read as they are (:func:`from_verl`): ``prompt`` as chat messages,
+``reward_model.ground_truth`` as ``answer``, ``data_source`` and ``extra_info`` kept, the id
+from ``extra_info.index`` (else the row's number).
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentloop.errors import EnvError
-from agentloop.types import Task
+from agentloop.types import Message, Role, Task
 
 __all__ = [
     "MAX_REPORTED",
@@ -25,7 +29,10 @@ __all__ = [
     "TaskFiles",
     "TaskSchema",
     "convert_rows",
+    "from_verl",
     "load_tasks",
+    "prompt_messages",
+    "prompt_text",
     "read_rows",
     "write_tasks",
 ]
@@ -68,7 +75,9 @@ class TaskSchema:
                     out.append(f"'{name}' is missing; give {_describe(types)}")
                 continue
             value = row[name]
-            if not _is(value, types):
+            if name == "prompt" and isinstance(value, list) and str in types:
+                out.extend(_chat_problems(value))
+            elif not _is(value, types):
                 out.append(f"'{name}' is {_short(value)}; give {_describe(types)}")
             elif isinstance(value, str) and not value.strip() and name in self.required:
                 out.append(f"'{name}' is an empty string")
@@ -80,6 +89,25 @@ class TaskSchema:
                         f"{_JSON_TYPES.get(item, item.__name__)}s"
                     )
         return out
+
+
+_ROLES = ("system", "user", "assistant")
+
+
+def _chat_problems(messages: list[Any]) -> list[str]:
+    """What is wrong with a ``prompt`` given as chat messages (verl's format), if anything."""
+    if not messages:
+        return ["'prompt' is an empty list; give a string or chat messages"]
+    for i, m in enumerate(messages):
+        ok = isinstance(m, dict) and m.get("role") in _ROLES and isinstance(m.get("content"), str)
+        if not ok:
+            return [
+                f"'prompt' message {i} is {_short(m)}; give {{\"role\": system/user/assistant, "
+                '"content": a string}'
+            ]
+    if not any(m["role"] == "user" for m in messages):
+        return ["'prompt' has no user message; add one"]
+    return []
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -132,6 +160,49 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
                 ) from None
 
 
+def from_verl(row: Any, number: int) -> Any:
+    """A verl dataset row (``reward_model`` present) in the project's format: ``answer`` from
+    ``reward_model.ground_truth`` (its ``target`` when that is a mapping, as Search-R1's),
+    ``id`` from ``extra_info.index`` or ``number``; ``prompt`` (chat messages), ``data_source``
+    and ``extra_info`` stay. Other rows come back as they are."""
+    if not isinstance(row, dict) or not isinstance(row.get("reward_model"), dict):
+        return row
+    out = {k: v for k, v in row.items() if k != "reward_model"}
+    truth = row["reward_model"].get("ground_truth")
+    if isinstance(truth, dict) and "target" in truth:
+        truth = truth["target"]
+    if "answer" not in out:
+        out["answer"] = list(truth) if isinstance(truth, tuple) else truth
+    extra = row.get("extra_info")
+    if "id" not in out:
+        index = extra.get("index") if isinstance(extra, dict) else None
+        source = row.get("data_source") or "row"
+        out["id"] = f"{source}-{index if index is not None else number}"
+    return out
+
+
+def prompt_messages(task: Task, system_prompt: str | None) -> list[Message]:
+    """The initial messages of ``task``: ``system_prompt`` (when given and the task brings no
+    system message of its own) and ``task.data["prompt"]``, a string or chat messages."""
+    prompt = task.data["prompt"]
+    if isinstance(prompt, str):
+        given = [Message("user", prompt)]
+    else:
+        # roles were checked by the task schema (_chat_problems)
+        given = [Message(cast(Role, m["role"]), str(m["content"])) for m in prompt]
+    if system_prompt and not any(m.role == "system" for m in given):
+        return [Message("system", system_prompt), *given]
+    return given
+
+
+def prompt_text(task: Task) -> str:
+    """``task.data["prompt"]`` as text: the string, or the last user message's content."""
+    prompt = task.data["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    return next(str(m["content"]) for m in reversed(prompt) if m.get("role") == "user")
+
+
 def _bad_rows(head: str, bad: Sequence[str], fix: str) -> EnvError:
     """One error for all bad rows: ``head``, the first ``MAX_REPORTED`` rows' problems (one an
     indented line), how many more there are, and ``fix``."""
@@ -168,7 +239,11 @@ def _check(rows: Iterable[tuple[str, Any]], schema: TaskSchema, what: str) -> li
 def load_tasks(path: str | os.PathLike[str], schema: TaskSchema) -> list[Task]:
     """Every task of a task file, checked against ``schema`` (all bad rows are named); the
     schema's ``paths`` fields come back absolute."""
-    rows = _check(read_rows(path), schema, str(path))
+    rows = _check(
+        ((where, from_verl(row, i)) for i, (where, row) in enumerate(read_rows(path))),
+        schema,
+        str(path),
+    )
     base = Path(path).resolve().parent
     for row in rows:
         for name in schema.paths:

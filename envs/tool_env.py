@@ -9,6 +9,7 @@ from typing import Any
 
 from agentloop.envs.base import Env, StepResult
 from agentloop.envs.rewards import Reward, RewardFn
+from agentloop.envs.task_files import prompt_messages
 from agentloop.errors import ConfigError, EnvError, RewardError
 from agentloop.tools import Tool, ToolResult, ToolSession, Toolset
 from agentloop.types import Message, Task
@@ -72,14 +73,14 @@ class ToolEnv(Env):
         self.toolset = Toolset(list(merged.values()), max_parallel=self.toolset.max_parallel)
 
     def prompt(self, task: Task) -> list[Message]:
-        """Initial messages for ``task``: the system prompt (if any) and ``task.data["prompt"]``."""
+        """Initial messages for ``task``: the system prompt (if any, and the task brings no system
+        message) and ``task.data["prompt"]`` (a string, or chat messages as verl's rows hold)."""
         if "prompt" not in task.data:
             raise EnvError(
                 f"task {task.id!r} has no 'prompt' field (fields: {sorted(task.data)}); "
                 "add one or override ToolEnv.prompt()"
             )
-        system = [Message("system", self.system_prompt)] if self.system_prompt else []
-        return [*system, Message("user", str(task.data["prompt"]))]
+        return prompt_messages(task, self.system_prompt)
 
     def sample_task(self, seed: int | None) -> Task:
         """The task for ``reset(seed=...)`` without an explicit task."""

@@ -34,6 +34,7 @@ KNOWN: dict[str, set[str]] = {
     "tests/trainers/test_sft_calc.py": {"vllm", "e2e"},
     "tests/recipes/test_demo.py": {"vllm", "e2e"},
     "tests/trainers/test_example_config.py": {"vllm", "e2e"},
+    "tests/trainers/test_train_verl_export.py": {"vllm", "e2e"},
     "tests/sandboxes/test_sandbox_docker.py": {"slow"},
 }
 #: single tests of otherwise quick modules.

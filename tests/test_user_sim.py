@@ -203,7 +203,7 @@ def test_a_bad_calc_user_is_named_with_the_valid_forms(kwargs: dict[str, Any], m
 
 
 def test_a_yaml_run_config_and_overrides_pick_a_model_played_user(tmp_path: Path) -> None:
-    from agentloop.eval import env_factory
+    from agentloop.env_maker import env_factory
     from agentloop.trainers import TrainConfig, load_config
 
     path = tmp_path / "run.yaml"

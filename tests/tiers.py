@@ -16,6 +16,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "vllm_server": ("vllm", "integration"),  # `vllm serve` (engines/test_vllm_serve.py)
     "train_run": ("e2e", "vllm", "integration", "slow"),  # GRPO in this process (trainers/)
     "train_cli": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` subprocesses
+    "verl_run": ("e2e", "vllm", "integration", "slow"),  # one 2-step `agentloop train`, module
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
     "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
@@ -50,6 +51,8 @@ FLOATING: dict[str, tuple[str, ...]] = {
     # ~7.5 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
     "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~3 min
+    # ~3 min: one 2-step run (a module fixture) that both of its tests read
+    "verl_export": ("tests/trainers/test_train_verl_export.py",),
     "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~2.7 min
     "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~2 min
     "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.5 min

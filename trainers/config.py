@@ -105,6 +105,15 @@ class DataConfig:
     shuffle: bool = True
     """Visit the training tasks in a fresh order each epoch, seeded by ``trainer.seed`` and the
     epoch alone (a resumed run sees the same order); false: in the split's order."""
+    train_files: str | None = None
+    """A task file (JSONL, JSON or parquet; the project's rows or verl's) for ``train_split``:
+    shorthand for ``env_kwargs.files.<train_split>`` of a file-backed env (MathTool-v0, ...)."""
+    val_files: str | None = None
+    """Likewise for ``val_split`` (``env_kwargs.files.<val_split>``)."""
+    reward: str | None = None
+    """Your own reward instead of the env's (a ``ToolEnv``): ``path/to/file.py:fn`` or
+    ``package.module:fn``, verl's ``compute_score(data_source, solution_str, ground_truth,
+    extra_info)`` or agentloop's ``fn(task, messages)``; also used by validation."""
 
     def __post_init__(self) -> None:
         _check(
@@ -124,6 +133,20 @@ class DataConfig:
                 parse_tool_spec(spec)
             except ConfigError as exc:
                 raise ConfigError(f"data.tools[{i}]={spec!r}: {exc}") from None
+        where, sep, name = (self.reward or "").rpartition(":")
+        if self.reward is not None and not (sep and where and name.isidentifier()):
+            raise ConfigError(
+                f"data.reward={self.reward!r}: give 'path/to/file.py:function' or "
+                "'package.module:function'"
+            )  # the function itself is loaded when the run starts, named if missing
+
+    def env_args(self) -> dict[str, Any]:
+        """``env_kwargs`` with ``train_files``/``val_files`` added to its ``files``."""
+        given = {self.train_split: self.train_files, self.val_split: self.val_files}
+        added = {split: path for split, path in given.items() if path is not None}
+        if not added:
+            return dict(self.env_kwargs)
+        return {**self.env_kwargs, "files": {**self.env_kwargs.get("files", {}), **added}}
 
 
 @dataclass(frozen=True)

@@ -406,7 +406,8 @@ async def _validate(run: _Run, step: int) -> dict[str, float]:
         seed=cfg.trainer.seed,
         concurrency=cfg.rollout.concurrency,
         rollout=cfg.rollout.base(),
-        env_kwargs=cfg.data.env_kwargs,
+        env_kwargs=cfg.data.env_args(),
+        reward=cfg.data.reward,
         tools=tuple(cfg.data.tools),
         tool_io=cfg.rollout.tool_io(),  # the run's tape: validation replays (or records) too
     )

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentloop.chat import TokenBuilder
+from agentloop.env_maker import EnvMaker, env_factory
 from agentloop.envs import Env
-from agentloop.eval import EnvMaker, env_factory
 from agentloop.trainers.config import TrainConfig, check_engine_serves, local_model_dir
 from agentloop.types import Task
 from agentloop.vision import vision_of
@@ -39,7 +39,9 @@ async def check_start(cfg: TrainConfig, *, check_model: bool = True) -> StartChe
     built (``agentloop.models.resolve_model`` builds it, minutes of CPU work)."""
     cfg.logging.check_available()
     tool_io = cfg.rollout.tool_io()
-    env_of = env_factory(cfg.data.env, cfg.data.env_kwargs, cfg.data.tools, tool_io)
+    env_of = env_factory(
+        cfg.data.env, cfg.data.env_args(), cfg.data.tools, tool_io, cfg.data.reward
+    )  # a bad data.reward file or function fails here, named
     env = env_of()
     if tool_io.uses_live_tools:  # a replay needs no tool service
         await env.preflight()  # a wrong sandbox URL or token fails here, named, before any step
