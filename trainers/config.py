@@ -26,7 +26,7 @@ from agentloop.model_files import check_model_dir
 from agentloop.rollout import RolloutConfig
 from agentloop.tools.mcp import parse_tool_spec
 from agentloop.tools.recording import ToolTapeConfig
-from agentloop.trainers.choices import ADV_ESTIMATORS, KL_KINDS
+from agentloop.trainers.choices import ADV_ESTIMATORS, ESTIMATOR_SPECS, KL_KINDS
 from agentloop.trainers.config_text import config_to_yaml
 from agentloop.trainers.worker_config import WorkerConfig
 
@@ -54,8 +54,6 @@ PLACEMENTS = ("local", "ray")
 MODES = ("sync", "one_step", "async")
 STALENESS_POLICIES = ("wait", "drop")
 _RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-#: Advantage estimators whose baseline is the rest of the prompt's group (need rollout.n >= 2).
-GROUP_ESTIMATORS = ("grpo", "rloo", "turn_rloo")
 
 
 def _check(section: str, obj: Any, rules: Sequence[tuple[str, bool, str]]) -> None:
@@ -643,20 +641,21 @@ class TrainConfig:
     def _algorithm_rules(self) -> list[tuple[bool, str]]:
         """Combinations that are accepted by each section yet train something else than asked."""
         r, a, actor = self.rollout, self.algorithm, self.actor
+        estimator = ESTIMATOR_SPECS[a.adv_estimator]
         return [
             (
                 # verl refuses it too: the group is the baseline of GRPO and RLOO
-                r.n >= 2 or a.adv_estimator not in GROUP_ESTIMATORS,
+                r.n >= 2 or not estimator.group_baseline,
                 f"rollout.n={r.n} with algorithm.adv_estimator={a.adv_estimator}: a group of one "
                 "sample has no baseline to compare its reward with, so the advantages are not "
                 f"{a.adv_estimator}'s; set rollout.n >= 2 (e.g. 8), or use "
                 "algorithm.adv_estimator=reinforce_plus_plus (a batch-wide baseline)",
             ),
             (
-                a.adv_estimator != "turn_rloo" or not a.use_kl_in_reward,
-                "algorithm.adv_estimator=turn_rloo with algorithm.use_kl_in_reward=true: the "
-                "turn-level estimator takes per-turn rewards only; use actor.kl_coef (KL as a "
-                "loss term) instead",
+                not estimator.per_turn or not a.use_kl_in_reward,
+                f"algorithm.adv_estimator={a.adv_estimator} with algorithm.use_kl_in_reward=true: "
+                "the turn-level estimator takes per-turn rewards only; use actor.kl_coef (KL as "
+                "a loss term) instead",
             ),
             (
                 # GSPO's objective is a mean over sequences of their length-normalised ratio
