@@ -303,6 +303,13 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
         tokens_per_s=tokens / gen_s if pending and gen_s > 0 else None,
         elapsed_s=elapsed,
     )
+    _write_summary(config.out, summary, parts)
+    return summary
+
+
+def _write_summary(out: Path, summary: EvalSummary, parts: Mapping[str, Any]) -> None:
+    """``summary.json``: the summary, the config's fingerprint, the sandbox pools' metrics and
+    the tool calls abandoned past their deadline."""
     from agentloop.sandboxes.remote_pool import pool_stats
     from agentloop.tools.runtime import runtime_stats
 
@@ -310,8 +317,7 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
     extra = {"config_parts": parts, **({"sandbox_pools": pools} if pools else {})}
     abandoned = runtime_stats()  # tool calls past their deadline whose work went on
     extra["tool_calls_abandoned"] = dataclasses.asdict(abandoned)
-    _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), **extra})
-    return summary
+    _write_json(out / SUMMARY_FILE, {**summary.to_dict(), **extra})
 
 
 async def _collect_missing(

@@ -220,3 +220,44 @@ def test_the_cli_imports_what_needs_torch_ray_or_vllm_only_inside_its_commands()
     )
     lazy = {i.target for i in imports() if i.source == "agentloop.cli" and i.lazy}
     assert {"agentloop.trainers.grpo", "agentloop.models"} <= lazy
+
+
+#: STYLE.md's budget for a function of the library (its ``def`` line to its last line).
+MAX_FUNCTION_LINES = 60
+#: Library functions allowed past the budget, each with its reason. Empty: none are.
+LONG_FUNCTIONS: dict[str, str] = {
+    "agentloop.cli._add_eval": "the eval command's flags; split with cli.py per command",
+    "agentloop.cli._cmd_eval": "the eval command; split with cli.py per command",
+}
+
+
+def function_sizes() -> dict[str, int]:
+    """Every function of the library (``module.Class.name``; nested ones too) by its lines."""
+    sizes: dict[str, int] = {}
+    for module, path in _modules().items():
+        if module.startswith("agentloop.testing"):
+            continue
+        work: list[tuple[str, ast.AST]] = [(module, ast.parse(path.read_text(), str(path)))]
+        while work:
+            prefix, node = work.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    name = f"{prefix}.{child.name}"
+                    if not isinstance(child, ast.ClassDef):
+                        sizes[name] = (child.end_lineno or child.lineno) - child.lineno + 1
+                    work.append((name, child))
+    return sizes
+
+
+def test_library_functions_stay_within_the_budget() -> None:
+    sizes = function_sizes()
+    assert "agentloop.rollout._play" in sizes and "agentloop.engines.vllm.VLLMEngine.start" in sizes
+    long = [
+        f"{name}: {n} lines"
+        for name, n in sorted(sizes.items())
+        if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (extract helpers):\n" + (
+        "\n".join(long)
+    )
+    assert all(reason for reason in LONG_FUNCTIONS.values())
