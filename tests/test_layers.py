@@ -277,3 +277,14 @@ def test_library_functions_stay_within_the_budget() -> None:
         "\n".join(long)
     )
     assert all(reason for reason in LONG_FUNCTIONS.values())
+
+
+#: STYLE.md's budget for a file of the library (aim for 400).
+MAX_FILE_LINES = 500
+
+
+def test_library_files_stay_within_the_budget() -> None:
+    sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    assert sizes["agentloop.trainers.config"] > 100 and sizes["agentloop.engines.vllm"] > 100
+    big = [f"{m}: {n} lines" for m, n in sorted(sizes.items()) if n > MAX_FILE_LINES]
+    assert not big, f"files over {MAX_FILE_LINES} lines (split them by concern):\n" + "\n".join(big)

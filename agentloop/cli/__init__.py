@@ -1,9 +1,9 @@
 """The ``agentloop`` console script: one argparse parser, one small function per subcommand.
 
-Adding a subcommand: write ``_add_<name>(subparsers)`` that declares its arguments and
-``_cmd_<name>(args) -> int`` that runs it, then add one row to ``_COMMANDS``. Heavy imports
-(torch, transformers, vllm, ray) go inside the ``_cmd_`` function, so ``agentloop --help`` and
-every other subcommand stay fast.
+Adding a subcommand: in the module of its group (``train``, ``evaluate``, ``serve``, ``tools``)
+write ``add_<name>(parser)`` that declares its arguments and ``cmd_<name>(args) -> int`` that
+runs it, then add one row to ``_COMMANDS`` here. Heavy imports (torch, transformers, vllm, ray)
+go inside the ``cmd_`` function, so ``agentloop --help`` and every other subcommand stay fast.
 """
 
 from __future__ import annotations
