@@ -244,18 +244,11 @@ def _run_lock(out: Path) -> Iterator[None]:
 
 
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
-    from transformers import AutoTokenizer
-
     factory = env_factory(
         config.env, config.env_kwargs, config.tools, config.tool_io, config.reward
     )
     env = factory()
-    builder = TokenBuilder(
-        AutoTokenizer.from_pretrained(config.model),
-        tools=env.tool_schemas,
-        thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
-        vision=vision_of(config.model),  # a vision-language model's images expand to its tokens
-    )
+    builder = _token_builder(config, env)
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)
@@ -305,6 +298,18 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
     )
     _write_summary(config.out, summary, parts)
     return summary
+
+
+def _token_builder(config: EvalConfig, env: Env) -> TokenBuilder:
+    """The model's chat template with the env's tools (and the model's vision processor)."""
+    from transformers import AutoTokenizer
+
+    return TokenBuilder(
+        AutoTokenizer.from_pretrained(config.model),
+        tools=env.tool_schemas,
+        thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
+        vision=vision_of(config.model),  # a vision-language model's images expand to its tokens
+    )
 
 
 def _write_summary(out: Path, summary: EvalSummary, parts: Mapping[str, Any]) -> None:
