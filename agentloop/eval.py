@@ -244,18 +244,11 @@ def _run_lock(out: Path) -> Iterator[None]:
 
 
 async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool) -> EvalSummary:
-    from transformers import AutoTokenizer
-
     factory = env_factory(
         config.env, config.env_kwargs, config.tools, config.tool_io, config.reward
     )
     env = factory()
-    builder = TokenBuilder(
-        AutoTokenizer.from_pretrained(config.model),
-        tools=env.tool_schemas,
-        thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
-        vision=vision_of(config.model),  # a vision-language model's images expand to its tokens
-    )
+    builder = _token_builder(config, env)
     hook = env.answer_hook()
     parts = config_fingerprint(builder, config, hook)
     chash = config_hash(parts)
@@ -303,6 +296,25 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
         tokens_per_s=tokens / gen_s if pending and gen_s > 0 else None,
         elapsed_s=elapsed,
     )
+    _write_summary(config.out, summary, parts)
+    return summary
+
+
+def _token_builder(config: EvalConfig, env: Env) -> TokenBuilder:
+    """The model's chat template with the env's tools (and the model's vision processor)."""
+    from transformers import AutoTokenizer
+
+    return TokenBuilder(
+        AutoTokenizer.from_pretrained(config.model),
+        tools=env.tool_schemas,
+        thinking=config.rollout.thinking,  # a template that rewrites history fails here, named
+        vision=vision_of(config.model),  # a vision-language model's images expand to its tokens
+    )
+
+
+def _write_summary(out: Path, summary: EvalSummary, parts: Mapping[str, Any]) -> None:
+    """``summary.json``: the summary, the config's fingerprint, the sandbox pools' metrics and
+    the tool calls abandoned past their deadline."""
     from agentloop.sandboxes.remote_pool import pool_stats
     from agentloop.tools.runtime import runtime_stats
 
@@ -310,8 +322,7 @@ async def _eval_locked(config: EvalConfig, engine: Engine | None, progress: bool
     extra = {"config_parts": parts, **({"sandbox_pools": pools} if pools else {})}
     abandoned = runtime_stats()  # tool calls past their deadline whose work went on
     extra["tool_calls_abandoned"] = dataclasses.asdict(abandoned)
-    _write_json(config.out / SUMMARY_FILE, {**summary.to_dict(), **extra})
-    return summary
+    _write_json(out / SUMMARY_FILE, {**summary.to_dict(), **extra})
 
 
 async def _collect_missing(

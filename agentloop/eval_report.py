@@ -142,15 +142,7 @@ def summarize(
         by_task[t.task_id].append(t)
     success = [(len(g), sum(t.reward >= pass_threshold for t in g)) for g in by_task.values()]
     calls = sum(t.metrics.get("tool_calls", 0.0) for segs in played for t in segs)
-    kinds: Counter[str] = Counter()
-    for t in finals:  # env metrics: every segment carries the whole episode's
-        kinds.update(
-            {
-                k.removeprefix("tool_error/"): v
-                for k, v in t.metrics.items()
-                if k.startswith("tool_error/")
-            }
-        )
+    kinds = _tool_error_kinds(finals)
     has_answers = any("answer_key" in r for r in records)
     tool_failed = [segs for segs in played if segs[-1].service_failed and not segs[-1].failed]
     return EvalSummary(
@@ -180,6 +172,21 @@ def summarize(
         tool_failure=_first_tool_failure([t for segs in tool_failed for t in segs]),
         grader_timeouts=int(sum(t.metrics.get("grader_timeout", 0.0) for t in finals)),
     )
+
+
+def _tool_error_kinds(finals: Sequence[Trajectory]) -> Counter[str]:
+    """The tool errors of the episodes by kind (env metrics: every segment carries the whole
+    episode's, so only the final ones count)."""
+    kinds: Counter[str] = Counter()
+    for t in finals:
+        kinds.update(
+            {
+                k.removeprefix("tool_error/"): v
+                for k, v in t.metrics.items()
+                if k.startswith("tool_error/")
+            }
+        )
+    return kinds
 
 
 def _first_tool_failure(trajs: Sequence[Trajectory]) -> str | None:

@@ -213,24 +213,10 @@ async def _play(
     """The loop itself. Always ends by raising :class:`_Stop`."""
     parser = get_parser(builder.parser_for(config.parser))
     schemas = ToolSchemas.of(builder.tools)  # what untyped formats' values are typed by
-    messages, _ = await _env_call(env.reset(seed=seed, options={"task": task}))
-    episode.messages.extend(messages)
-    prompt = builder.prompt_ids(messages)
-    if len(prompt) > config.max_prompt_len:
-        raise _Stop(
-            StopReason.CONTEXT_OVERFLOW,
-            f"prompt has {len(prompt)} tokens > rollout.max_prompt_len={config.max_prompt_len}",
-        )
-    episode.append(prompt, sampled=None)
-    episode.prompt_len = episode.base_len = len(prompt)
-    episode.add_images(messages, builder)
+    await _reset(episode, env, builder, task, config, seed)
     session_id = f"{task.id}#{episode.sample_index}"
     for turn in range(config.max_turns):
-        budget = config.max_response_len - episode.response_len
-        turn_seed = None if seed is None else seed * 1009 + turn
-        sampling = config.sampling(budget, turn_seed, builder.stop_token_ids)
-        if builder.banned_token_ids:
-            sampling = sampling.with_(banned_token_ids=builder.banned_token_ids)
+        sampling = _turn_sampling(episode, builder, config, seed, turn)
         start, t0 = len(episode.token_ids), time.perf_counter()
         completion = await _generate(
             engine, episode.token_ids, sampling, session_id, episode.images
@@ -275,6 +261,46 @@ async def _play(
         episode.append(obs_ids, sampled=None)
         episode.add_images(obs, builder)
     raise _Stop(StopReason.MAX_TURNS)
+
+
+def _turn_sampling(
+    episode: EpisodeState,
+    builder: TokenBuilder,
+    config: RolloutConfig,
+    seed: int | None,
+    turn: int,
+) -> SamplingParams:
+    """Turn ``turn``'s sampling: what is left of the response budget, a seed per turn, the
+    template's stop tokens and banned tokens."""
+    budget = config.max_response_len - episode.response_len
+    turn_seed = None if seed is None else seed * 1009 + turn
+    sampling = config.sampling(budget, turn_seed, builder.stop_token_ids)
+    if builder.banned_token_ids:
+        sampling = sampling.with_(banned_token_ids=builder.banned_token_ids)
+    return sampling
+
+
+async def _reset(
+    episode: EpisodeState,
+    env: Env,
+    builder: TokenBuilder,
+    task: Task,
+    config: RolloutConfig,
+    seed: int | None,
+) -> None:
+    """Reset the env on ``task`` and start the episode with its prompt (raises :class:`_Stop`
+    when the prompt is longer than ``max_prompt_len``)."""
+    messages, _ = await _env_call(env.reset(seed=seed, options={"task": task}))
+    episode.messages.extend(messages)
+    prompt = builder.prompt_ids(messages)
+    if len(prompt) > config.max_prompt_len:
+        raise _Stop(
+            StopReason.CONTEXT_OVERFLOW,
+            f"prompt has {len(prompt)} tokens > rollout.max_prompt_len={config.max_prompt_len}",
+        )
+    episode.append(prompt, sampled=None)
+    episode.prompt_len = episode.base_len = len(prompt)
+    episode.add_images(messages, builder)
 
 
 def _stop_reason(

@@ -1,5 +1,6 @@
 """The names a run's config chooses from: loss aggregation modes, policy losses, KL kinds,
-advantage estimators, packed-attention kernels and compute dtypes.
+advantage estimators (with what the config checks of each), packed-attention kernels and
+compute dtypes.
 
 Torch-free, so that loading, checking and printing a config (``agentloop train --print-config``)
 imports no torch; the modules that implement each choice take their names from here.
@@ -7,22 +8,47 @@ imports no torch; the modules that implement each choice take their names from h
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 __all__ = [
     "ADV_ESTIMATORS",
     "AGG_MODES",
     "COMPUTE_DTYPES",
+    "ESTIMATOR_SPECS",
     "KL_KINDS",
     "PACKED_ATTN_IMPLEMENTATIONS",
     "POLICY_LOSS_MODES",
     "TURN_ESTIMATORS",
+    "EstimatorSpec",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 POLICY_LOSS_MODES = ("vanilla", "gspo")
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "turn_rloo")
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What the config checks of an advantage estimator; its function is the row of the same
+    name in ``trainers/advantages.py``'s ``ESTIMATORS``."""
+
+    group_baseline: bool
+    """Its baseline is the rest of the prompt's group, so it needs ``rollout.n >= 2``."""
+    per_turn: bool = False
+    """It credits each turn from per-turn rewards (``Trajectory.turn_rewards``): it has no
+    token-level form and takes no KL in the reward (``algorithm.use_kl_in_reward``)."""
+
+
+#: The advantage estimators by name (``algorithm.adv_estimator``); the config reads this table.
+ESTIMATOR_SPECS: dict[str, EstimatorSpec] = {
+    "grpo": EstimatorSpec(group_baseline=True),
+    "rloo": EstimatorSpec(group_baseline=True),
+    "reinforce_plus_plus": EstimatorSpec(group_baseline=False),
+    "turn_rloo": EstimatorSpec(group_baseline=True, per_turn=True),
+}
+ADV_ESTIMATORS = tuple(ESTIMATOR_SPECS)
 #: Estimators that credit each turn from per-turn rewards (see ``trainers/turn_advantages.py``).
-TURN_ESTIMATORS = ("turn_rloo",)
+TURN_ESTIMATORS = tuple(name for name, spec in ESTIMATOR_SPECS.items() if spec.per_turn)
 #: The trainer's compute dtypes on CUDA (on a CPU everything is fp32).
 COMPUTE_DTYPES = ("bfloat16", "float32")
 

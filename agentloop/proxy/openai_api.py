@@ -6,11 +6,14 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop.proxy.errors import ProxyRequestError, error_body
 from agentloop.proxy.validate import check_tools, opt_bool, opt_int, opt_number, opt_str
 from agentloop.types import Message, ToolCall
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "ChatRequest",
@@ -24,6 +27,7 @@ __all__ = [
     "error_body",
     "parse_chat_request",
     "parse_completion_request",
+    "sse_response",
 ]
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -274,3 +278,22 @@ def completion_stream_chunks(
     if usage is not None:
         out.append({**first, "choices": [], "usage": _usage(*usage)})
     return out
+
+
+async def sse_response(
+    request: web.Request, chunks: Sequence[dict[str, Any]]
+) -> web.StreamResponse:
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``. The chunks are
+    of a finished completion (the tool calls are parsed from the whole text), not
+    token-by-token increments."""
+    from aiohttp import web
+
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

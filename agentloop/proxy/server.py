@@ -45,6 +45,7 @@ from agentloop.proxy.openai_api import (
     completion_stream_chunks,
     parse_chat_request,
     parse_completion_request,
+    sse_response,
 )
 from agentloop.proxy.records import TextBounds
 from agentloop.proxy.store import EpisodeStore
@@ -353,7 +354,7 @@ class AgentProxy:
                     reply.completion.finish_reason,
                     usage if req.include_usage else None,
                 )
-                return await _sse(request, chunks)
+                return await sse_response(request, chunks)
             body = chat_response(
                 rid, self.model, reply.content, reply.calls, reply.completion.finish_reason, usage
             )
@@ -377,7 +378,7 @@ class AgentProxy:
                 chunks = completion_stream_chunks(
                     rid, self.model, reply.text, finish, usage if req.include_usage else None
                 )
-                return await _sse(request, chunks)
+                return await sse_response(request, chunks)
             return web.json_response(
                 completion_response(rid, self.model, reply.text, finish, usage)
             )
@@ -488,18 +489,3 @@ def _client(request: web.Request) -> str | None:
 
 def _usage(p: Prepared, reply: Reply) -> tuple[int, int]:
     return len(p.prompt_ids), len(reply.completion.token_ids)
-
-
-async def _sse(request: web.Request, chunks: Sequence[dict[str, Any]]) -> web.StreamResponse:
-    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``. The chunks are
-    of a finished completion (the tool calls are parsed from the whole text), not
-    token-by-token increments."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    for chunk in chunks:
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response

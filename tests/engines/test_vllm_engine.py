@@ -329,7 +329,7 @@ async def test_the_model_runs_in_the_engine_core_process_on_the_allowed_cores(
 
     import psutil
 
-    (core,) = vllm_engine.pids  # no worker process beside EngineCore (vllm._cpu_defaults)
+    (core,) = vllm_engine.pids  # no worker process beside EngineCore (vllm_process._cpu_defaults)
     process = psutil.Process(core)
     assert process.children() == []
     allowed = os.sched_getaffinity(0)  # a lane's one core under `make test`

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from waits import eventually
 
-from agentloop.cli import _key_values
+from agentloop.cli.common import key_values as _key_values
 from agentloop.envs import make
 from agentloop.tools import Toolset, tool
 from agentloop.tools.runtime import runtime_stats

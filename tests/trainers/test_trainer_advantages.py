@@ -163,3 +163,11 @@ def test_kept_trajectories_use_whole_groups_and_kl_in_reward() -> None:
     scores = torch.tensor([1.0 - 0.5 * 2, 0.0 - 0.5 * 1, 0.0])  # group a: rewards minus 0.5·tokens
     assert adv_kl[0][-1].item() == pytest.approx((scores[0] - scores.mean()).item())
     assert adv_kl[2][-1].item() == pytest.approx(2.0 - 0.5)
+
+
+def test_every_estimator_has_a_function_and_a_spec() -> None:
+    from agentloop.trainers.advantages import ESTIMATORS
+    from agentloop.trainers.choices import ADV_ESTIMATORS, ESTIMATOR_SPECS
+
+    assert list(ESTIMATORS) == list(ESTIMATOR_SPECS) == list(ADV_ESTIMATORS)
+    assert all(callable(fn) for fn in ESTIMATORS.values())

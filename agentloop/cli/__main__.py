@@ -1,0 +1,7 @@
+"""``python -m agentloop.cli``: the ``agentloop`` console script."""
+
+import sys
+
+from agentloop.cli import main
+
+sys.exit(main())

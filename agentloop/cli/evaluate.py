@@ -1,0 +1,215 @@
+"""``agentloop eval``: a model on an env split with the training loop, or two runs compared."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agentloop.cli.common import key_values, named_model
+
+if TYPE_CHECKING:
+    from agentloop.eval import EvalConfig
+    from agentloop.eval_report import EvalSummary
+
+__all__ = ["add_eval", "cmd_eval"]
+
+
+def add_eval(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--env", help="registered env id, e.g. agentloop/Calc-v0")
+    add("--model", help="local model directory (tokenizer, template), or tiny, tiny-calc, tiny-vlm")
+    add("--out", help="run directory for trajectories.jsonl, config.json, summary.json")
+    add("--n", type=int, default=8, help="samples per task (default: 8)")
+    add("--num-tasks", type=int, default=None, help="first N tasks of the split (default: all)")
+    add("--split", default="test", help="dataset split (default: test)")
+    add(
+        "--engine",
+        choices=("auto", "vllm", "hf", "openai"),
+        default="auto",
+        help="default: vllm if installed, else hf",
+    )
+    add("--base-url", help="API root of an OpenAI-compatible server (--engine openai)")
+    add(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine setting, repeatable (vLLM: enforce_eager=true, kv_cache_memory_bytes=...; "
+        "openai: served_model=NAME)",
+    )
+    add("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env kwarg, repeatable")
+    add(
+        "--reward",
+        metavar="FILE.py:NAME",
+        help="your own reward instead of the env's: 'path/to/file.py:fn' or 'package.module:fn', "
+        "verl's compute_score(data_source, solution_str, ground_truth, extra_info) or "
+        "fn(task, messages)",
+    )
+    _add_tool_flags(add)
+    _add_rollout_flags(add)
+    _add_run_flags(add)
+
+
+def _add_tool_flags(add: Any) -> None:
+    """Extra tools, and recording or replaying the tools' outputs."""
+    add(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="add an MCP server's tools to the env, repeatable: 'mcp:COMMAND ARGS' (stdio) or "
+        "'mcp:http://HOST:PORT/mcp', limits in brackets: 'mcp[max_concurrency=2,timeout_s=10]:"
+        "COMMAND ARGS' (also rate_limit_per_s, startup_timeout_s, include=a+b); a tool named "
+        "like an env tool replaces it",
+    )
+    add("--record", metavar="DIR", help="record every tool call to DIR/tool_calls.jsonl")
+    add("--replay", metavar="DIR", help="serve tool outputs from a recording instead of the tools")
+    add(
+        "--replay-miss",
+        choices=("error", "fail", "live"),
+        default="error",
+        help="a call not in the recording: an error observation (default), a failed run, or "
+        "the live tool",
+    )
+    add(
+        "--replay-latency",
+        choices=("zero", "recorded"),
+        default="zero",
+        help="replayed calls take no time (default) or their recorded time",
+    )
+
+
+def _add_rollout_flags(add: Any) -> None:
+    """The rollout settings (``RolloutConfig``'s; unset: its defaults)."""
+    for flag, kind in (
+        ("max-turns", int),
+        ("max-prompt-len", int),
+        ("max-response-len", int),
+        ("max-tool-output-tokens", int),
+        ("temperature", float),
+        ("top-p", float),
+        ("top-k", int),
+        ("timeout-s", float),
+        ("parser", str),
+    ):
+        add(f"--{flag}", type=kind, default=None, help="rollout setting (default: RolloutConfig)")
+    add(
+        "--thinking",
+        default=None,
+        metavar="POLICY",
+        help="thinking-history policy for a chat template that drops earlier <think> blocks: "
+        "keep (one trajectory, earlier reasoning kept) or strip (one sample per turn, as the "
+        "template renders it); default auto: such a template is an error",
+    )
+
+
+def _add_run_flags(add: Any) -> None:
+    """Seeds, concurrency, passing and failing, resuming, comparing."""
+    add("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    add("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
+    add(
+        "--loop-workers",
+        type=int,
+        default=1,
+        help="processes the rollout loop runs in, the engine staying in this one (default: 1)",
+    )
+    add("--pass-threshold", type=float, default=1.0, help="reward counted as a pass (default: 1)")
+    add(
+        "--max-failed-share",
+        type=float,
+        default=0.5,
+        help="exit 1 when more than this share of episodes failed (engine_error, env_error, "
+        "tool_fatal, timeout, or a tool call that failed for its service: a tool exception or "
+        "a tool timeout; default: 0.5)",
+    )
+    add("--resume", action="store_true", help="continue an interrupted run in --out")
+    add("--quiet", action="store_true", help="no progress bar")
+    add("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two runs (paired test)")
+    add("--resamples", type=int, default=10_000, help="bootstrap resamples for --compare")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import os
+
+    from agentloop.errors import ConfigError
+    from agentloop.eval import run_eval
+    from agentloop.eval_report import compare_runs, print_comparison, print_summary
+
+    if args.compare:
+        print_comparison(compare_runs(*args.compare, n_resamples=args.resamples, seed=args.seed))
+        return 0
+    missing = [f"--{k}" for k in ("env", "model", "out") if getattr(args, k) is None]
+    if missing:
+        raise ConfigError(f"agentloop eval needs {', '.join(missing)} (or --compare RUN_A RUN_B)")
+    config = _eval_config(args)
+    # vLLM logs INFO lines to stdout, into the printed table; VLLM_LOGGING_LEVEL=INFO shows them.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if not 0.0 <= args.max_failed_share <= 1.0:
+        raise ConfigError(f"--max-failed-share must be in [0, 1], got {args.max_failed_share}")
+    summary = run_eval(config, progress=not args.quiet)
+    print_summary(summary)
+    print(f"wrote {config.out}/trajectories.jsonl and {config.out}/summary.json")
+    if summary.failed_share > args.max_failed_share:
+        _report_failures(summary, args.max_failed_share)
+        return 1
+    return 0
+
+
+def _eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The :class:`EvalConfig` the flags ask for."""
+    from pathlib import Path
+
+    from agentloop.eval import EvalConfig
+    from agentloop.rollout import RolloutConfig
+    from agentloop.tools.recording import ToolTapeConfig
+
+    names = (
+        "max_turns",
+        "max_prompt_len",
+        "max_response_len",
+        "max_tool_output_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "timeout_s",
+        "parser",
+        "thinking",
+    )
+    rollout = RolloutConfig(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
+    return EvalConfig(
+        env=args.env,
+        model=named_model(args.model),
+        out=Path(args.out),
+        n=args.n,
+        num_tasks=args.num_tasks,
+        split=args.split,
+        engine=args.engine,
+        base_url=args.base_url,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        loop_workers=args.loop_workers,
+        resume=args.resume,
+        pass_threshold=args.pass_threshold,
+        rollout=rollout,
+        env_kwargs=key_values(args.env_arg),
+        engine_args=key_values(args.engine_arg),
+        tools=tuple(args.tools),
+        tool_io=ToolTapeConfig.of(args.record, args.replay, args.replay_miss, args.replay_latency),
+        reward=args.reward,
+    )
+
+
+def _report_failures(summary: EvalSummary, max_failed_share: float) -> None:
+    """Say on stderr why the run counts as failed: the stop reasons and the first errors."""
+    reasons = ", ".join(f"{k} {v}" for k, v in summary.stop_reasons.items())
+    first = "; ".join(f"{k}: {v}" for k, v in summary.errors.items())
+    if summary.tool_failed:
+        reasons += f"; {summary.tool_failed} with failed tool calls"
+        first += f"; tool: {summary.tool_failure}"
+    print(
+        f"agentloop eval: error: {summary.failed} of {summary.episodes} episodes failed "
+        f"({summary.failed_share:.0%} > --max-failed-share {max_failed_share:g}); "
+        f"stop reasons: {reasons}; first errors: {first}",
+        file=sys.stderr,
+    )
