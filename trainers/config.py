@@ -330,8 +330,10 @@ def load_config(
 
 
 def _load_yaml(path: Path) -> Any:
-    """The YAML file ``path`` as a mapping of sections; an empty file or one whose top level
-    is not a mapping (a list, a scalar) is a ``ConfigError``, not a run of every default."""
+    """The YAML file ``path`` as a mapping of sections; an empty file (no YAML document: blank,
+    comments only) or one whose top level is not a mapping (a list, a scalar) is a
+    ``ConfigError``, not a run of every default. An explicit ``{}`` is a choice: every value
+    from the defaults and the overrides."""
     from omegaconf import DictConfig, OmegaConf
 
     try:
@@ -344,12 +346,19 @@ def _load_yaml(path: Path) -> Any:
             f"config file {str(path)!r}: its top level is a list; a config is a mapping of "
             f"sections (model:, data:, trainer:, ...) {example}"
         )
-    if not loaded:
+    if not loaded and _no_document(path):
         raise ConfigError(
             f"config file {str(path)!r} is empty; write the sections to change (model:, data:, "
             f"trainer:, ...) {example}, or pass the name of a shipped config"
         )
     return loaded
+
+
+def _no_document(path: Path) -> bool:
+    """No YAML document in ``path``: only blank lines, comments and ``---``/``...`` markers."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return all(line in ("", "---", "...") for line in lines)
 
 
 def _known_keys(exc: Exception) -> str:
