@@ -1,27 +1,27 @@
 """agentloop/Calc-v0: seeded arithmetic word problems, a sandboxed python tool, a boxed verifier.
 
-The answers are integers, and a boxed integer (``1,234`` and ``1234.0`` included) is decided by
-the exact numeric check on the loop, right or wrong; only a box holding something else (``12 \\cdot
-3``, ``x = 36``) goes to math-verify (:mod:`agentloop.envs.math_grader`). Extraction is always
-the last ``\\boxed{}`` (the format the tiny model is taught); ``grader_timeout_s`` bounds a check.
+The answers are integers and the skill is computing them, so the last ``\\boxed{}`` is graded
+as a number only (``1,234`` and ``1234.0`` included), on the loop: a box holding an expression
+(``12 \\cdot 3``) is wrong even where it equals the answer, or the policy could box the
+question instead of computing it. The math envs grade equivalence with math-verify
+(:mod:`agentloop.envs.math_grader`); Calc does not.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Sequence
 from fractions import Fraction
 
 from agentloop.envs.base import AnswerHook
-from agentloop.envs.math_grader import DEFAULT_GRADER_TIMEOUT_S, grade_math, verdict_metrics
+from agentloop.envs.math_grader import verdict_metrics
 from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text, math_equal
 from agentloop.envs.tool_env import ToolEnv
 from agentloop.errors import EnvError
 from agentloop.sandboxes import Sandbox, SandboxConfig
 from agentloop.tools.code_interpreter import code_interpreter_tool
 from agentloop.tools.tool import Tool
-from agentloop.types import Message, Task
+from agentloop.types import Message, Task, Verdict
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -73,12 +73,10 @@ def make_calc_task(split: str, index: int, *, digits: int = 3) -> Task:
     )
 
 
-async def calc_reward(
-    task: Task, messages: Sequence[Message], *, timeout_s: float = DEFAULT_GRADER_TIMEOUT_S
-) -> Reward:
-    """1.0 when the last ``\\boxed{}`` of the final answer equals the task's answer."""
+async def calc_reward(task: Task, messages: Sequence[Message]) -> Reward:
+    """1.0 when the last ``\\boxed{}`` of the final answer is the task's answer as a number."""
     boxed = extract_boxed(last_assistant_text(messages))
-    verdict = await grade_math(boxed, str(task.data["answer"]), timeout_s=timeout_s)
+    verdict = calc_verdict(boxed, str(task.data["answer"]))
     used_tool = any(m.tool_calls for m in messages if m.role == "assistant")
     metrics = {
         "correct": float(verdict.correct),
@@ -87,6 +85,15 @@ async def calc_reward(
         **verdict_metrics(verdict),
     }
     return Reward(float(verdict.correct), metrics, verdict)
+
+
+def calc_verdict(boxed: str | None, gold: str) -> Verdict:
+    """The numeric check alone (:func:`~agentloop.envs.rewards.math_equal`), as a Verdict."""
+    if boxed is None:
+        return Verdict(None, gold, False, "no answer", "no \\boxed{} answer in the final reply")
+    if math_equal(boxed, gold):
+        return Verdict(boxed, gold, True, "numeric", f"{boxed} = {gold} as numbers")
+    return Verdict(boxed, gold, False, "numeric", f"{boxed} is not the number {gold}")
 
 
 def calc_tool(
@@ -128,15 +135,11 @@ class CalcEnv(ToolEnv):
         sandbox: Sandbox | SandboxConfig = "local",
         tool_max_concurrency: int | None = None,
         tool_rate_limit_per_s: float | None = None,
-        grader_timeout_s: float = DEFAULT_GRADER_TIMEOUT_S,
     ) -> None:
-        if grader_timeout_s <= 0:
-            raise EnvError(f"Calc-v0 grader_timeout_s must be > 0, got {grader_timeout_s}")
         tool = calc_tool(
             sandbox, max_concurrency=tool_max_concurrency, rate_limit_per_s=tool_rate_limit_per_s
         )
-        reward = functools.partial(calc_reward, timeout_s=grader_timeout_s)
-        super().__init__([tool], reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+        super().__init__([tool], calc_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
         self.digits = digits
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:

@@ -65,6 +65,9 @@ async def test_calc_integers_never_reach_the_verifier(monkeypatch: pytest.Monkey
             r = await calc_reward(task, [Message("assistant", f"so \\boxed{{{text}}}")])
             assert r.value == value and r.verdict is not None and r.verdict.by == "numeric"
     assert fast_verdict("12 \\cdot 3", "36") is None  # not a plain number: math-verify decides
+    task = Task("t", {"prompt": "12 times 3?", "answer": "36"})
+    boxed_question = await calc_reward(task, [Message("assistant", "\\boxed{12 \\cdot 3}")])
+    assert boxed_question.value == 0.0  # Calc grades the number: no reward for boxing the question
 
 
 async def test_a_power_tower_is_a_counted_timeout_and_the_loop_stays_responsive() -> None:
@@ -145,7 +148,7 @@ def test_the_extraction_setting_is_checked() -> None:
     with pytest.raises(EnvError, match=r"answer_extraction='box'.*'boxed'.*'verifier'"):
         make("agentloop/MathTool-v0", sandbox="fake", answer_extraction="box")
     with pytest.raises(EnvError, match="grader_timeout_s must be > 0"):
-        make("agentloop/Calc-v0", sandbox="fake", grader_timeout_s=0)
+        make("agentloop/MathTool-v0", sandbox="fake", grader_timeout_s=0)
 
 
 async def test_deepeyes_numeric_answers_go_to_math_verify_and_choices_stay_rules() -> None:
