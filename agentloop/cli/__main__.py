@@ -4,4 +4,7 @@ import sys
 
 from agentloop.cli import main
 
-sys.exit(main())
+__all__ = ["main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
