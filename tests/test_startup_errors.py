@@ -56,17 +56,10 @@ def test_a_model_dir_without_a_tokenizer_is_named_in_eval_train_and_serve_proxy(
     no_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = str(no_tokenizer)
+    eval_args = ["eval", "--env", "agentloop/Calc-v0", "--model", model, "--out",
+                 str(tmp_path / "run"), "--quiet"]  # fmt: skip
     _fails(
-        [
-            "eval",
-            "--env",
-            "agentloop/Calc-v0",
-            "--model",
-            model,
-            "--out",
-            str(tmp_path / "run"),
-            "--quiet",
-        ],
+        eval_args,
         capsys,
         rf"--model '{model}' {NO_TOKENIZER}",
     )
@@ -89,16 +82,7 @@ def test_a_model_dir_without_a_tokenizer_is_named_in_eval_train_and_serve_proxy(
     (no_tokenizer / "config.json").unlink()
     (no_tokenizer / ".metadata").write_bytes(b"")  # what a DCP checkpoint dir holds
     _fails(
-        [
-            "eval",
-            "--env",
-            "agentloop/Calc-v0",
-            "--model",
-            model,
-            "--out",
-            str(tmp_path / "run"),
-            "--quiet",
-        ],
+        eval_args,
         capsys,
         r"no config\.json .* and no tokenizer .* a DCP training checkpoint, not a model: pass "
         r"the run's final/ directory",
