@@ -110,7 +110,11 @@ def add_demo(parser: argparse.ArgumentParser) -> None:
         "sft.trainer.max_steps=300 grpo.trainer.total_steps=20",
     )
     parser.add_argument(
-        "--recipe", default=None, help="recipe dir (default: the shipped tiny_retool recipe)"
+        "--recipe",
+        default=None,
+        metavar="NAME|DIR",
+        help="a demo family (retool: the default; deepeyes; search_r1) or a recipe dir of "
+        "demo.yaml, sft.yaml and grpo.yaml",
     )
     parser.add_argument(
         "--config",

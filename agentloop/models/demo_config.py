@@ -1,56 +1,52 @@
-"""The demo's configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) loaded and wired; its traces."""
+"""A demo's configs (``demo.yaml``, ``sft.yaml``, ``grpo.yaml``) loaded and wired, per family.
+
+A demo family (:class:`DemoFamily`: ReTool, DeepEyes, Search-R1) is one recipe of the same
+pipeline: a scripted expert's traces through the family's env, a cold-start SFT on them, GRPO
+with the env's tool, the paired comparison of the SFT and RL checkpoints. Its ``demo:`` section
+is a :class:`DemoConfig` subclass of its own; ``agentloop.models.demo_recipes`` lists them.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from agentloop.errors import ConfigError
-from agentloop.models.tiny import TINY_SHAPE, tiny_model_path
 from agentloop.trainers.config import TrainConfig, load_config
 from agentloop.trainers.sft_config import SFTConfig
 
 __all__ = [
-    "RECIPE_DIR",
+    "CONFIGS_DIR",
     "DemoConfig",
     "DemoConfigs",
-    "load_demo_configs",
-    "make_demo_traces",
+    "DemoFamily",
+    "load_family_configs",
     "overlay_overrides",
+    "override",
 ]
 
-#: The shipped recipe: package data, so a wheel has it too.
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "trainers" / "configs" / "tiny_retool"
+#: The shipped recipes, ``tiny_<family>/``: package data, so a wheel has them too.
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "trainers" / "configs"
 _SECTIONS = ("demo", "sft", "grpo")
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """The pipeline's own settings; the SFT and GRPO runs have theirs (``sft.yaml``,
-    ``grpo.yaml``). Traces: ``num_traces`` rollout-format rows + ``num_compact`` compact rows
-    (``envs/calc_traces.py`` says why), Calc-v0 tasks with ``digits``-digit first operands,
-    ``typo_rate`` of them mistyped, the tool run in ``trace_sandbox``. ``min_gain``: the pass@1
-    gain (absolute) the final report calls a pass, with the paired 95% CI above zero.
-    ``hidden_size`` × ``num_layers``: the shape of the random-init model SFT starts from (the
-    tiny model's tokenizer and head_dim; ``agentloop.models.tiny.make_tiny_model``); any shape
-    but the tiny model's (256 × 4) sets ``sft.model.path`` to that model, built once and cached."""
+    """The settings every family's ``demo:`` section has; the SFT and GRPO runs have theirs
+    (``sft.yaml``, ``grpo.yaml``). ``family``: which recipe this is (``retool``, ``deepeyes``,
+    ``search_r1``). ``min_gain``: the pass@1 gain (absolute) the final report calls a pass, with
+    the paired 95% CI above zero."""
 
+    family: str = "retool"
     out_dir: str = "runs/demo"
-    digits: int = 2
-    num_traces: int = 400
-    num_compact: int = 1600
-    typo_rate: float = 0.0
-    trace_sandbox: str = "local"
     seed: int = 0
     threads: int = 2
     min_gain: float = 0.10
-    hidden_size: int = TINY_SHAPE[0]
-    num_layers: int = TINY_SHAPE[1]
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_gain <= 1.0 or self.threads < 1:
@@ -58,20 +54,63 @@ class DemoConfig:
                 f"demo.min_gain={self.min_gain} must be in [0, 1] and demo.threads="
                 f"{self.threads} >= 1"
             )
-        if self.hidden_size < 128 or self.hidden_size % 128 or self.num_layers < 1:
-            raise ConfigError(
-                f"demo.hidden_size={self.hidden_size}, demo.num_layers={self.num_layers}: use a "
-                "hidden_size that is a multiple of 128 (e.g. 768) and num_layers >= 1"
-            )
+
+
+S = TypeVar("S", bound=DemoConfig)
 
 
 @dataclass(frozen=True)
-class DemoConfigs:
+class DemoConfigs(Generic[S]):
     """The three configs of one demo run, overrides applied and paths wired together."""
 
-    demo: DemoConfig
+    demo: S
     sft: SFTConfig
     grpo: TrainConfig
+    family: DemoFamily[S]
+
+
+def _no_overrides(demo: Any) -> Sequence[str]:
+    return ()
+
+
+def _no_check(configs: DemoConfigs[Any]) -> None:
+    return None
+
+
+@contextmanager
+def _as_is(configs: DemoConfigs[Any]) -> Iterator[DemoConfigs[Any]]:
+    yield configs
+
+
+@dataclass(frozen=True)
+class DemoFamily(Generic[S]):
+    """One demo recipe. ``settings``: its ``demo:`` section; ``base_model(demo)``: builds (or
+    finds, cached) the random-init model SFT starts from; ``make_traces(demo, path)``: the
+    scripted expert's SFT rows through the family's real env, written to ``path``;
+    ``model_name``: the ``model.path`` name of its cold-start SFT model, cached
+    (:mod:`agentloop.models.cold_start`); ``title`` and ``tool`` label the report.
+    ``sft_overrides(demo)``: SFT overrides the settings imply (a base model of another shape);
+    ``check(configs)``: the family's consistency checks; ``services(configs)``: what must run
+    around the whole pipeline (a search server), yielding the configs that point at it;
+    ``cache_ignored``: settings that do not shape the cold-start model;
+    ``cache_build_overrides``: the ``demo.`` overrides a cache build uses (of those settings)."""
+
+    name: str
+    title: str
+    tool: str
+    settings: type[S]
+    base_model: Callable[[S], Path]
+    make_traces: Callable[[S, Path], Path]
+    model_name: str
+    sft_overrides: Callable[[S], Sequence[str]] = _no_overrides
+    check: Callable[[DemoConfigs[S]], None] = _no_check
+    services: Callable[[DemoConfigs[S]], AbstractContextManager[DemoConfigs[S]]] = _as_is
+    cache_ignored: tuple[str, ...] = ()
+    cache_build_overrides: tuple[str, ...] = ()
+
+    @property
+    def recipe_dir(self) -> Path:
+        return CONFIGS_DIR / f"tiny_{self.name}"
 
 
 def _split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
@@ -87,7 +126,7 @@ def _split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def _override(key: str, value: Any) -> str:
+def override(key: str, value: Any) -> str:
     """``key=value`` with the value written as JSON, which is YAML: the dotlist parses it back
     as it was (a path holding ``": "`` stays a string, not a mapping)."""
     return f"{key}={json.dumps(value)}"
@@ -112,41 +151,37 @@ def overlay_overrides(path: str | os.PathLike[str]) -> list[str]:
     def flat(prefix: str, value: Any) -> list[str]:
         if isinstance(value, dict) and value:
             return [o for k, v in value.items() for o in flat(f"{prefix}.{k}", v)]
-        return [_override(prefix, value)]
+        return [override(prefix, value)]
 
     return [o for section, body in data.items() for o in flat(str(section), body or {})]
 
 
-def load_demo_configs(
+def load_family_configs(
+    family: DemoFamily[S],
+    root: Path,
     overrides: Sequence[str] = (),
-    recipe_dir: str | os.PathLike[str] | None = None,
     config: str | os.PathLike[str] | None = None,
-) -> DemoConfigs:
-    """Load ``demo.yaml``, ``sft.yaml`` and ``grpo.yaml`` from ``recipe_dir``, then the overlay
-    file ``config`` (:func:`overlay_overrides`), then ``section.key=value`` overrides; point SFT
-    at the traces (and the base model of ``demo``'s shape) and GRPO at the SFT model (all under
-    ``demo.out_dir``) and check the pieces fit together."""
-    root = Path(recipe_dir) if recipe_dir is not None else RECIPE_DIR
-    if not (root / "grpo.yaml").is_file():
-        raise ConfigError(
-            f"the demo recipe is not in {root} (demo.yaml, sft.yaml, grpo.yaml); pass --recipe "
-            f"DIR with those three files (the shipped ones are in {RECIPE_DIR})"
-        )
+) -> DemoConfigs[S]:
+    """Load ``demo.yaml``, ``sft.yaml`` and ``grpo.yaml`` from ``root``, then the overlay file
+    ``config`` (:func:`overlay_overrides`), then ``section.key=value`` overrides; point SFT at
+    the traces and GRPO at the SFT model (all under ``demo.out_dir``) and check the pieces fit."""
     layered = [*(overlay_overrides(config) if config is not None else []), *overrides]
     parts = _split_overrides(layered)
-    demo = load_config(DemoConfig, root / "demo.yaml", parts["demo"])
+    demo = load_config(family.settings, root / "demo.yaml", parts["demo"])
+    if demo.family != family.name:
+        raise ConfigError(
+            f"demo.family={demo.family!r} but the recipe in {root} is the {family.name!r} "
+            f"demo; leave demo.family as the recipe's, or pass --recipe {demo.family}"
+        )
     out = Path(demo.out_dir)
-    shape = (demo.hidden_size, demo.num_layers)
-    path = tiny_model_path(hidden_size=shape[0], num_layers=shape[1])
-    base = [] if shape == TINY_SHAPE else [_override("model.path", str(path))]
     sft = load_config(
         SFTConfig,
         root / "sft.yaml",
         [
-            *base,
-            _override("data.train", str(out / "traces.jsonl")),
-            _override("trainer.out_dir", str(out / "sft")),
-            _override("trainer.seed", demo.seed),
+            *family.sft_overrides(demo),
+            override("data.train", str(out / "traces.jsonl")),
+            override("trainer.out_dir", str(out / "sft")),
+            override("trainer.seed", demo.seed),
             *parts["sft"],
         ],
     )
@@ -154,41 +189,18 @@ def load_demo_configs(
         TrainConfig,
         root / "grpo.yaml",
         [
-            _override("model.path", str(out / "sft" / "model")),
-            _override("trainer.out_dir", str(out / "rl")),
-            _override("trainer.seed", demo.seed),
+            override("model.path", str(out / "sft" / "model")),
+            override("trainer.out_dir", str(out / "rl")),
+            override("trainer.seed", demo.seed),
             *parts["grpo"],
         ],
     )
-    if grpo.data.env_kwargs.get("digits") != demo.digits:
-        raise ConfigError(
-            f"grpo data.env_kwargs.digits={grpo.data.env_kwargs.get('digits')} but demo.digits="
-            f"{demo.digits}: RL and the SFT traces must use the same tasks; set both"
-        )
     if not (grpo.trainer.val_before_train and grpo.trainer.val_every > 0):
         raise ConfigError(
             "the demo compares the validation before the first step (the SFT checkpoint) with "
             "the one after the last (the RL checkpoint): set grpo.trainer.val_before_train=true "
             "and grpo.trainer.val_every > 0"
         )
-    return DemoConfigs(demo, sft, grpo)
-
-
-def make_demo_traces(cfg: DemoConfig, path: Path) -> Path:
-    """Play the scripted expert through Calc-v0 into the SFT traces file ``path``."""
-    from agentloop.envs.calc_traces import TraceConfig, make_calc_traces, write_traces
-
-    traces = TraceConfig(
-        num_traces=cfg.num_traces,
-        num_compact=cfg.num_compact,
-        digits=cfg.digits,
-        typo_rate=cfg.typo_rate,
-        seed=cfg.seed,
-        sandbox=cfg.trace_sandbox,
-    )
-    print(
-        f"playing {traces.num_episodes} scripted Calc-v0 episodes (tool: {cfg.trace_sandbox} "
-        f"sandbox) into {cfg.num_traces} rollout-format + {cfg.num_compact} compact rows"
-    )
-    rows = asyncio.run(make_calc_traces(traces))
-    return write_traces(rows, path)
+    configs = DemoConfigs(demo, sft, grpo, family)
+    family.check(configs)
+    return configs

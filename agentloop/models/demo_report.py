@@ -36,7 +36,7 @@ __all__ = [
 RESULT_FILE = "demo_result.json"
 
 
-def eval_dirs(configs: DemoConfigs) -> tuple[Path, Path]:
+def eval_dirs(configs: DemoConfigs[Any]) -> tuple[Path, Path]:
     """The eval runs of the SFT checkpoint (validation before step 1) and of the RL checkpoint
     (validation after the last step) inside the GRPO run directory."""
     val = Path(configs.grpo.trainer.out_dir) / "val"
@@ -111,7 +111,7 @@ def plot_curves(metrics: Mapping[int, Mapping[str, float]], out: Path, title: st
     return out
 
 
-def _val_metrics(configs: DemoConfigs) -> dict[int, dict[str, float]]:
+def _val_metrics(configs: DemoConfigs[Any]) -> dict[int, dict[str, float]]:
     """The run's metrics, with each validation's reward CI read from its summary."""
     out_dir = Path(configs.grpo.trainer.out_dir)
     metrics = {s: dict(m) for s, m in read_metrics(out_dir).items()}
@@ -124,7 +124,11 @@ def _val_metrics(configs: DemoConfigs) -> dict[int, dict[str, float]]:
 
 
 def finish(
-    configs: DemoConfigs, sft: SFTResult, seconds: dict[str, float], started: float, console: Any
+    configs: DemoConfigs[Any],
+    sft: SFTResult,
+    seconds: dict[str, float],
+    started: float,
+    console: Any,
 ) -> DemoResult:
     """Compare, plot, view, and print the final report; write ``demo_result.json``."""
     from agentloop.models.demo import DemoResult
@@ -140,7 +144,7 @@ def finish(
     curve = plot_curves(
         _val_metrics(configs),
         out / "curve.png",
-        f"tiny ReTool on Calc-v0: held-out pass@1 {a:.2f} (SFT) -> {b:.2f} (RL), "
+        f"{configs.family.title}: held-out pass@1 {a:.2f} (SFT) -> {b:.2f} (RL), "
         f"gain {gain:+.2f} [{res.lo:+.2f}, {res.hi:+.2f}]",
     )
     view = write_view(rl_eval, out / "view.html")
@@ -163,6 +167,7 @@ def finish(
         dict(seconds),
     )
     record = {
+        "family": configs.family.name,
         **dataclasses.asdict(result),  # the SFT run's record nested under "sft"; paths as str
         "tool_use_of_correct": tool_use_of_correct(rl_eval),
         "tool_call_rate_sft": tool_call_rate(sft_eval),
@@ -178,11 +183,11 @@ def finish(
 
 
 def _print_report(
-    console: Any, configs: DemoConfigs, r: DemoResult, record: Mapping[str, Any]
+    console: Any, configs: DemoConfigs[Any], r: DemoResult, record: Mapping[str, Any]
 ) -> None:
     from rich.table import Table
 
-    table = Table(title="tiny ReTool demo: what RL did", show_header=False)
+    table = Table(title=f"{configs.family.title} demo: what RL did", show_header=False)
     table.add_column(justify="left")
     table.add_column(justify="right")
     n = f"{record['tasks']} held-out tasks × {record['samples_per_task']} samples, T=" + str(
@@ -199,10 +204,13 @@ def _print_report(
         ("p-value", f"{r.p_value:.4f}"),
         (f"gain >= {configs.demo.min_gain:.2f} and CI above 0", verdict),
         (
-            "episodes that called python, SFT -> RL",
+            f"episodes that called {configs.family.tool}, SFT -> RL",
             f"{record['tool_call_rate_sft']:.0%} -> {record['tool_call_rate_rl']:.0%}",
         ),
-        ("correct RL answers that used the python tool", f"{record['tool_use_of_correct']:.0%}"),
+        (
+            f"correct RL answers that used the {configs.family.tool} tool",
+            f"{record['tool_use_of_correct']:.0%}",
+        ),
         ("evaluated on", n),
         *((f"time: {k}", f"{v:.0f} s") for k, v in r.seconds.items() if k != "report"),
         (

@@ -27,10 +27,13 @@ def _tiny() -> Path:
     return tiny_model_dir()
 
 
-def _tiny_calc() -> Path:
-    from agentloop.models.tiny_calc import tiny_calc_model_dir
+def _cold_start(family: str) -> Callable[[], Path]:
+    def build() -> Path:
+        from agentloop.models.cold_start import cold_start_model_dir
 
-    return tiny_calc_model_dir()
+        return cold_start_model_dir(family)
+
+    return build
 
 
 def _tiny_vlm() -> Path:
@@ -45,7 +48,7 @@ def _tiny_vlm() -> Path:
 #: GRPO's groups have rewards to learn from); ``tiny-vlm``: a random tiny Qwen2.5-VL.
 _BUILDERS: dict[str, Callable[[], Path]] = {
     "tiny": _tiny,
-    "tiny-calc": _tiny_calc,
+    "tiny-calc": _cold_start("retool"),
     "tiny-vlm": _tiny_vlm,
 }
 MODEL_NAMES = tuple(_BUILDERS)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agentloop.models.demo import RECIPE_DIR, load_demo_configs
+from agentloop.models.demo import FAMILIES, load_demo_configs
 from agentloop.trainers.config import example_config, load_config
 from agentloop.trainers.sft import SFTConfig
+
+RECIPE_DIR = FAMILIES["retool"].recipe_dir
 
 
 def test_every_demo_override_section_is_checked() -> None:
@@ -78,3 +80,37 @@ def test_sft_calc_recipe_is_the_demos() -> None:
     assert recipe.data.max_seq_len == demo.data.max_seq_len
     for key in ("epochs", "max_steps", "batch_size", "lr_schedule"):
         assert getattr(recipe.trainer, key) == getattr(demo.trainer, key), key
+
+
+def test_a_recipe_is_a_family_name_or_a_dir_whose_demo_yaml_names_its_family(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from agentloop.errors import ConfigError
+
+    assert load_demo_configs(recipe="retool").family.name == "retool"
+    with pytest.raises(ConfigError, match=r"--recipe 'nope' is neither a demo family \(retool"):
+        load_demo_configs(recipe="nope")
+    mine = tmp_path / "mine"
+    shutil.copytree(RECIPE_DIR, mine)
+    assert load_demo_configs(recipe=mine).family.name == "retool"
+    (mine / "demo.yaml").write_text("family: zoomer\n")
+    with pytest.raises(ConfigError, match=r"no demo family 'zoomer'; pass --recipe one of retool"):
+        load_demo_configs(recipe=mine)
+    with pytest.raises(ConfigError, match=r"demo.family='x' but the recipe in .* is the 'retool'"):
+        load_demo_configs(["demo.family=x"])
+
+
+def test_the_demo_command_names_an_unknown_recipe_and_exits_non_zero() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "demo", "--recipe", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--recipe 'nope' is neither a demo family" in proc.stderr + proc.stdout

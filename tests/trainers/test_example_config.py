@@ -22,7 +22,7 @@ from short_demo import DemoRun
 
 from agentloop.eval_report import SUMMARY_FILE, EvalSummary
 from agentloop.io import read_jsonl
-from agentloop.models.tiny_calc import tiny_calc_dir
+from agentloop.models.cold_start import cold_start_dir
 from agentloop.trainers.config import TrainConfig, example_config, load_config
 from agentloop.trainers.metrics import read_metrics
 
@@ -46,7 +46,7 @@ def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_
     [model_dir] = [
         line.split()[1].rstrip(",") for line in text.splitlines() if line.startswith("model ")
     ]
-    assert Path(model_dir) == tiny_calc_dir(demo_run.configs)  # where the demo published
+    assert Path(model_dir) == cold_start_dir(demo_run.configs)  # where the demo published
     # before any RL the model solves held-out tasks: its reward is not the random model's 0
     before = EvalSummary.from_dict(
         json.loads((out / "val" / "step_000000" / SUMMARY_FILE).read_text())

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentloop.models import resolve_model_path
+from agentloop.models.cold_start import _key, publish_cold_start
 from agentloop.models.demo import load_demo_configs
 from agentloop.models.tiny import ENV_VAR, tiny_model_dir
-from agentloop.models.tiny_calc import _key, publish_tiny_calc
 
 
 @pytest.fixture
@@ -43,10 +43,10 @@ def test_the_demo_publishes_its_sft_as_tiny_calc_only_with_the_shipped_settings(
     (export / "model.safetensors").write_bytes(b"weights")
     (export / "config.json").write_text("{}")
     shorter = load_demo_configs([f"demo.out_dir={tmp_path}", "sft.trainer.max_steps=10"])
-    assert publish_tiny_calc(shorter, export) is None
-    assert not list(cache.glob("*-calc-sft-*"))
+    assert publish_cold_start(shorter, export) is None
+    assert not list(cache.glob("*-retool-sft-*"))
     shipped = load_demo_configs([f"demo.out_dir={tmp_path}", "demo.trace_sandbox=fake"])
-    published = publish_tiny_calc(shipped, export)
+    published = publish_cold_start(shipped, export)
     assert published is not None and published.parent == cache
     assert (published / "model.safetensors").read_bytes() == b"weights"
     # the name resolves to it, with nothing built
