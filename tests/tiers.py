@@ -32,10 +32,11 @@ STARTS: dict[str, tuple[str, ...]] = {
 #: scheduler hands out (:func:`scope`) are: lane "a" and lane "b", one per worker from the start,
 #: then the FLOATING groups, each to whichever lane runs out of work first.
 #:
-#: Lane "b": the long demo and the modules that read it (its SFT stage, the shipped example built
-#: on its SFT), and the tool I/O record/replay CLI runs (lane b has the shared vLLM engine anyway,
-#: for the SFT test).
+#: Lane "b": the long demo and the modules that read it (its SFT stage, the shipped example and
+#: the framework agents built on its SFT), and the tool I/O record/replay CLI runs (lane b has
+#: the shared vLLM engine anyway, for the SFT test).
 LANE_B = frozenset({
+    "tests/engines/test_vllm_agent_rewarded.py",
     "tests/engines/test_vllm_tool_io.py",
     "tests/recipes/test_demo.py",
     "tests/trainers/test_sft_calc.py",

@@ -7,13 +7,18 @@ Agents SDK agent on ``/v1/responses``, a LangChain agent on chat completions."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_calls import VLLMCall, assert_matches_vllm, by_session, recording
+from vllm_calls import (
+    VLLMCall,
+    assert_matches_vllm,
+    by_session,
+    recording,
+    recording_started_engines,
+)
 
 from agentloop.cli import main
 from agentloop.eval import EvalConfig, eval_async
@@ -129,24 +134,6 @@ def test_agentloop_eval_on_vllm_plays_an_sdk_agent_token_exactly(
     ``AsyncLLM.generate`` from start to shutdown; the trajectories the command wrote are
     exactly what that vLLM was given and sampled, and the tool results between turns are
     masked."""
-    from agentloop.engines.vllm import VLLMEngine
-
-    recorded: list[list[VLLMCall]] = []
-    stack = contextlib.ExitStack()
-    real_start, real_shutdown = VLLMEngine.start, VLLMEngine.shutdown
-
-    async def start(self: VLLMEngine) -> None:
-        started = self.started
-        await real_start(self)
-        if not started:
-            recorded.append(stack.enter_context(recording(self)))
-
-    async def shutdown(self: VLLMEngine) -> None:
-        stack.close()  # let go of the AsyncLLM before it shuts down
-        await real_shutdown(self)
-
-    monkeypatch.setattr(VLLMEngine, "start", start)
-    monkeypatch.setattr(VLLMEngine, "shutdown", shutdown)
     out = tmp_path / "run"
     args = ["eval", "--env", "agentloop/Agent-v0", "--env-arg", f"agent={AGENT}", "--model",
             str(calc_caller_dir), "--engine", "vllm", "--out", str(out), "--n", "2",
@@ -155,7 +142,7 @@ def test_agentloop_eval_on_vllm_plays_an_sdk_agent_token_exactly(
     for arg in ['dtype="float32"', "kv_cache_memory_bytes=134217728", "enforce_eager=true",
                 "max_num_seqs=8"]:  # fmt: skip
         args += ["--engine-arg", arg]
-    with stack:
+    with recording_started_engines(monkeypatch) as recorded:
         assert main(args) == 0
     [calls] = recorded  # one engine, started once
     trajs = [trajectory_from_dict(r) for r in read_jsonl(out / "trajectories.jsonl")]

@@ -101,3 +101,32 @@ def assert_matches_vllm(traj: Trajectory, calls: Sequence[VLLMCall]) -> None:
         assert traj.logprobs[start:stop] == call.logprobs  # bit-identical floats
         end = stop
     assert len(traj.token_ids) == end, "tokens after the last sampled turn"
+
+
+@contextmanager
+def recording_started_engines(monkeypatch: Any) -> Iterator[list[list[VLLMCall]]]:
+    """Record every :class:`~agentloop.engines.vllm.VLLMEngine` started inside the block (an
+    ``agentloop eval`` run in this process starts its own) at its ``AsyncLLM.generate``, from
+    start to shutdown: one list of calls per engine."""
+    import contextlib
+
+    from agentloop.engines.vllm import VLLMEngine
+
+    recorded: list[list[VLLMCall]] = []
+    stack = contextlib.ExitStack()
+    real_start, real_shutdown = VLLMEngine.start, VLLMEngine.shutdown
+
+    async def start(self: VLLMEngine) -> None:
+        started = self.started
+        await real_start(self)
+        if not started:
+            recorded.append(stack.enter_context(recording(self)))
+
+    async def shutdown(self: VLLMEngine) -> None:
+        stack.close()  # let go of the AsyncLLM before it shuts down
+        await real_shutdown(self)
+
+    monkeypatch.setattr(VLLMEngine, "start", start)
+    monkeypatch.setattr(VLLMEngine, "shutdown", shutdown)
+    with stack:
+        yield recorded
