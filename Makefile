@@ -48,7 +48,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy  # packages = ["agentloop"] in pyproject: every layer through its agentloop/ link
+	$(VENV)/bin/mypy  # strict, packages = ["agentloop"] in pyproject: every layer through its agentloop/ link
 
 # The docs site (mkdocs.yml): guides from docs/, API reference from the docstrings; a warning or
 # a broken link fails the build. Output in site/.

@@ -97,7 +97,8 @@ class EvalSummary:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["pass_at_k"] = {str(k): v for k, v in self.pass_at_k.items()}
-        return _nan_to_none(out)
+        cleaned: dict[str, Any] = _nan_to_none(out)
+        return cleaned
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvalSummary:

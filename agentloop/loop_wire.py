@@ -129,7 +129,8 @@ class Channel:
     async def receive(self) -> list[object]:
         """The next frame's messages; ``asyncio.IncompleteReadError`` once the peer is gone."""
         size = int.from_bytes(await self._reader.readexactly(HEADER_BYTES), "little")
-        return pickle.loads(await self._reader.readexactly(size))
+        messages: list[object] = pickle.loads(await self._reader.readexactly(size))
+        return messages
 
     async def drain(self) -> None:
         """Send what waits in the outbox now, and wait until it is written."""

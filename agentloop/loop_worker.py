@@ -67,7 +67,8 @@ class _EngineClient:
         images: Sequence[Any] = (),
     ) -> Completion:
         request = next(self._ids)
-        answer = self._waiting[request] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        self._waiting[request] = answer
         self._channel.send(Generate(request, prompt_ids, sampling, session_id, tuple(images)))
         try:
             reply = await answer

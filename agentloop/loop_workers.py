@@ -266,7 +266,8 @@ class LoopWorkers:
             raise self._failed
         worker = min(self._workers, key=lambda w: len(w.jobs))
         job = next(self._jobs)
-        done = worker.jobs[job] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[list[Trajectory]] = asyncio.get_running_loop().create_future()
+        worker.jobs[job] = done
         worker.channel.send(Play(job, task, index, seed))
         try:
             async with asyncio.timeout(self._setup.config.timeout_s + self._grace_s):

@@ -10,7 +10,7 @@ question instead of computing it. The math envs grade equivalence with math-veri
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from agentloop.envs.base import AnswerHook
@@ -41,7 +41,7 @@ SYSTEM_PROMPT = (
 TOOL_NAME = "python"
 TOOL_TIMEOUT_S = 10.0
 _SPLITS = ("train", "test")
-_TEMPLATES = (
+_TEMPLATES: tuple[tuple[str, Callable[[int, int, int], int]], ...] = (
     ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
     ("What is {a} * {b} - {c}?", lambda a, b, c: a * b - c),
     ("What is ({a} + {c}) * {b}?", lambda a, b, c: (a + c) * b),

@@ -107,7 +107,7 @@ def _evaluate(expr: str) -> int:
     A small recursive-descent parser rather than ``ast``: CPython 3.11 keeps ``ast.parse``'s
     recursion bookkeeping per interpreter, so a parse racing one in another thread can fail with
     "AST constructor recursion depth mismatch"."""
-    tokens = re.findall(r"\d+|[-+*()]|\S", expr)
+    tokens: list[str] = re.findall(r"\d+|[-+*()]|\S", expr)
     pos = 0
 
     def take() -> str:

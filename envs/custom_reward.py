@@ -62,7 +62,7 @@ def _load(spec: str) -> Callable[..., Any]:
                 f"reward {spec!r}: cannot import module {where!r} ({exc}); put it on PYTHONPATH "
                 "or name a .py file"
             ) from None
-    fn = getattr(module, name, None)
+    fn: object = getattr(module, name, None)
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ConfigError(f"reward {spec!r}: {where} has no function {name!r}; it has {found}")

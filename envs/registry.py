@@ -34,7 +34,8 @@ class EnvSpec:
             return self.entry_point
         module, _, attr = self.entry_point.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            loaded: Callable[..., Env] = getattr(importlib.import_module(module), attr)
+            return loaded
         except (ImportError, AttributeError) as exc:
             raise EnvError(
                 f"env {self.id!r}: cannot load entry point {self.entry_point!r} ({exc}); "

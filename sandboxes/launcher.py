@@ -241,6 +241,8 @@ class Launcher:
             if not chunk:
                 raise SandboxError("the sandbox launcher died")
             data += chunk
+        got: int
+        value: int
         got, value = _MSG.unpack(data)
         if got != kind:
             raise SandboxError("the sandbox launcher is out of sync")
@@ -364,7 +366,9 @@ async def _kill_descendants(pid: int, deadline_s: float = 5.0) -> None:
 
 def _alive(proc: psutil.Process) -> bool:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        status: str = proc.status()
+        zombie: str = psutil.STATUS_ZOMBIE
+        return status != zombie
     except psutil.NoSuchProcess:
         return False
 

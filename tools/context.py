@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from agentloop.errors import ToolError
 
@@ -32,7 +32,7 @@ class ToolContext:
         self.task = task
         self.state: dict[str, Any] = {}
         self._stack: AsyncExitStack | None = None  # most episodes enter nothing: made on demand
-        self._resources: dict[str, Any] = {}
+        self._resources: dict[str, object] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
 
@@ -48,11 +48,11 @@ class ToolContext:
         """
         self._check_open(key)
         if key in self._resources:
-            return self._resources[key]
+            return cast(T, self._resources[key])  # stored by this key's factory, a T
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if key in self._resources:
-                return self._resources[key]
+                return cast(T, self._resources[key])  # stored by this key's factory, a T
             self._check_open(key)
             if self._stack is None:
                 self._stack = AsyncExitStack()

@@ -119,7 +119,7 @@ def _bounded(base: type[Any]) -> type[Any]:
             regexes = ", ".join(repr(p) for p in sorted(patterns))
             yield ValidationError(f"{joined} do not match any of the regexes: {regexes}")
 
-    return validators.extend(
+    bounded: type[Any] = validators.extend(
         base,
         {
             "pattern": pattern,
@@ -127,3 +127,4 @@ def _bounded(base: type[Any]) -> type[Any]:
             "additionalProperties": additional_properties,
         },
     )
+    return bounded

@@ -79,7 +79,9 @@ def _group_ids(
     group_index: Sequence[Hashable] | torch.Tensor, device: torch.device
 ) -> torch.Tensor:
     if isinstance(group_index, torch.Tensor):
-        return torch.unique(group_index, return_inverse=True)[1].to(device)
+        inverse: torch.Tensor
+        _, inverse = torch.unique(group_index, return_inverse=True)
+        return inverse.to(device)
     ids: dict[Hashable, int] = {}
     return torch.tensor([ids.setdefault(g, len(ids)) for g in group_index], device=device)
 

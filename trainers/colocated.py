@@ -24,7 +24,7 @@ import torch
 from agentloop.engines.base import SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.trainers.packing import TrainSeq
-from agentloop.trainers.weight_push import buckets, stream
+from agentloop.trainers.weight_push import PushGroup, buckets, stream
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
 from agentloop.types import Completion
 
@@ -63,7 +63,7 @@ class ColocatedWorker:
         self.rank = 0
         self._owns_group = False
         self._pool = ThreadPoolExecutor(1, "agentloop-torch") if spec.threaded else None
-        self._push: Any = None  # rank 0's weight-push group (disaggregated placement)
+        self._push: PushGroup | None = None  # rank 0's weight-push group (disaggregated placement)
 
     async def _torch(self, fn: Callable[..., R], *args: Any) -> R:
         if self._pool is None:

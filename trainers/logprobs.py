@@ -172,7 +172,9 @@ def logprobs_from_logits(
         if banned_token_ids
         else None
     )
-    lp, ent = _ChunkedLogprob.apply(
+    # torch's Function.apply is unannotated: its result is typed here, where it enters agentloop
+    chunked: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _ChunkedLogprob.apply
+    lp, ent = chunked(
         logits_NV, labels_N, temperature, with_entropy, chunk_size, banned
     )
     return lp, (ent if with_entropy else None)
@@ -180,12 +182,13 @@ def logprobs_from_logits(
 
 def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> torch.Tensor:
     if isinstance(batch, PaddedBatch):
-        return model(
+        padded: torch.Tensor = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
             use_cache=False,
         ).logits
+        return padded
     impl = str(getattr(model.config, "_attn_implementation", None))
     kwargs: dict[str, Any] = {}
     if "flash" in impl or impl == "varlen":
@@ -212,9 +215,10 @@ def _forward_logits(model: torch.nn.Module, batch: MicroBatch | PaddedBatch) -> 
         )
     # use_cache=False matters: with a cache object (config.use_cache defaults to True) transformers
     # skips packed-sequence detection and every token attends across sequence boundaries.
-    return model(
+    logits: torch.Tensor = model(
         input_ids=batch.input_ids, position_ids=position_ids, use_cache=False, **kwargs
     ).logits
+    return logits
 
 
 def token_logprobs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -236,10 +236,14 @@ def pad(
     chosen = [seqs[i] for i in idx]
     width = max(len(s) for s in chosen)
 
-    def stack(get, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    def stack(
+        get: Callable[[TrainSeq], torch.Tensor | None], fill: float, dtype: torch.dtype
+    ) -> torch.Tensor:
         out = torch.full((len(chosen), width), fill, dtype=dtype)
         for row, s in enumerate(chosen):
-            out[row, : len(s)] = get(s)
+            value = get(s)
+            assert value is not None  # optional fields: all present (_optional_cat checked)
+            out[row, : len(s)] = value
         return out
 
     mask = stack(lambda s: s.loss_mask, 0.0, torch.float32)

@@ -172,6 +172,7 @@ def vision_spec(
 
     def rope_index(ids: torch.Tensor, grid: torch.Tensor | None) -> torch.Tensor:
         ids_1L = ids.reshape(1, -1)
+        pos: torch.Tensor
         pos, _ = inner.get_rope_index(
             ids_1L, mm_token_type_ids=(ids_1L == image).int(), image_grid_thw=grid
         )

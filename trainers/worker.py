@@ -93,11 +93,14 @@ def _load(
     if isinstance(model, PreTrainedModel):
         if attn == VARLEN:
             model.set_attn_implementation(attn)
-        return model.float()
+        floated: PreTrainedModel = model.float()
+        return floated
     if isinstance(model, PretrainedConfig):
         torch.manual_seed(cfg.seed)
-        return model_class(model).from_config(model, **kw)
-    return model_class(config).from_pretrained(model, **kw)
+        built: PreTrainedModel = model_class(model).from_config(model, **kw)
+        return built
+    loaded: PreTrainedModel = model_class(config).from_pretrained(model, **kw)
+    return loaded
 
 
 def _freeze_vision(model: PreTrainedModel) -> None:

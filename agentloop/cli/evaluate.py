@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agentloop.cli.common import key_values, named_model
 
 if TYPE_CHECKING:
     from agentloop.eval import EvalConfig
     from agentloop.eval_report import EvalSummary
+    from agentloop.rollout import RolloutConfig
 
-__all__ = ["add_eval", "cmd_eval"]
+__all__ = ["add_eval", "cmd_eval", "rollout_config"]
 
 
 def add_eval(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +54,7 @@ def add_eval(parser: argparse.ArgumentParser) -> None:
     _add_run_flags(add)
 
 
-def _add_tool_flags(add: Any) -> None:
+def _add_tool_flags(add: Callable[..., object]) -> None:
     """Extra tools, and recording or replaying the tools' outputs."""
     add(
         "--tools",
@@ -80,31 +83,29 @@ def _add_tool_flags(add: Any) -> None:
     )
 
 
-def _add_rollout_flags(add: Any) -> None:
-    """The rollout settings (``RolloutConfig``'s; unset: its defaults)."""
-    for flag, kind in (
-        ("max-turns", int),
-        ("max-prompt-len", int),
-        ("max-response-len", int),
-        ("max-tool-output-tokens", int),
-        ("temperature", float),
-        ("top-p", float),
-        ("top-k", int),
-        ("timeout-s", float),
-        ("parser", str),
-    ):
-        add(f"--{flag}", type=kind, default=None, help="rollout setting (default: RolloutConfig)")
-    add(
-        "--thinking",
-        default=None,
-        metavar="POLICY",
-        help="thinking-history policy for a chat template that drops earlier <think> blocks: "
-        "keep (one trajectory, earlier reasoning kept) or strip (one sample per turn, as the "
-        "template renders it); default auto: such a template is an error",
-    )
+def _add_rollout_flags(add: Callable[..., object]) -> None:
+    """One flag per :class:`RolloutConfig` field (``--max-turns`` sets ``max_turns``), its help
+    the field's docstring; a flag left unset keeps the field's default."""
+    from agentloop.config_docs import field_docs
+    from agentloop.rollout import RolloutConfig
+
+    docs = field_docs(RolloutConfig)
+    for f in dataclasses.fields(RolloutConfig):
+        kind = _ROLLOUT_TYPES[f.type] if isinstance(f.type, str) else f.type
+        text = " ".join(docs[f.name].split()).replace("``", "").replace("%", "%%")
+        help_ = f"rollout.{f.name}: {text} (default: {f.default})"
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            add(flag, action="store_true", default=None, help=help_)
+        else:
+            add(flag, type=kind, default=None, help=help_)
 
 
-def _add_run_flags(add: Any) -> None:
+#: The field types ``RolloutConfig`` declares (its annotations are strings).
+_ROLLOUT_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _add_run_flags(add: Callable[..., object]) -> None:
     """Seeds, concurrency, passing and failing, resuming, comparing."""
     add("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
@@ -161,22 +162,8 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
     from pathlib import Path
 
     from agentloop.eval import EvalConfig
-    from agentloop.rollout import RolloutConfig
     from agentloop.tools.recording import ToolTapeConfig
 
-    names = (
-        "max_turns",
-        "max_prompt_len",
-        "max_response_len",
-        "max_tool_output_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "timeout_s",
-        "parser",
-        "thinking",
-    )
-    rollout = RolloutConfig(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
     return EvalConfig(
         env=args.env,
         model=named_model(args.model),
@@ -191,13 +178,21 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
         loop_workers=args.loop_workers,
         resume=args.resume,
         pass_threshold=args.pass_threshold,
-        rollout=rollout,
+        rollout=rollout_config(args),
         env_kwargs=key_values(args.env_arg),
         engine_args=key_values(args.engine_arg),
         tools=tuple(args.tools),
         tool_io=ToolTapeConfig.of(args.record, args.replay, args.replay_miss, args.replay_latency),
         reward=args.reward,
     )
+
+
+def rollout_config(args: argparse.Namespace) -> RolloutConfig:
+    """The :class:`RolloutConfig` of the rollout flags: the ones given, defaults for the rest."""
+    from agentloop.rollout import RolloutConfig
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RolloutConfig)}
+    return RolloutConfig(**{k: v for k, v in given.items() if v is not None})
 
 
 def _report_failures(summary: EvalSummary, max_failed_share: float) -> None:

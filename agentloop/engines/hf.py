@@ -189,7 +189,8 @@ class HFEngine:
 
     @property
     def weight_dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        dtype: torch.dtype = next(self.model.parameters()).dtype
+        return dtype
 
     @property
     def pids(self) -> tuple[int, ...]:

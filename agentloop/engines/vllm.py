@@ -88,7 +88,8 @@ class VLLMEngine:
         """The dtype of the weights the started engine holds, ``dtype: auto`` resolved as vLLM
         resolves it (the model's own; a float32 model downcast on a GPU): the dtype a weight
         update should arrive in, so that nothing wider is gathered and shipped."""
-        return self._require_llm().model_config.dtype
+        dtype: torch.dtype = self._require_llm().model_config.dtype
+        return dtype
 
     @classmethod
     def create(cls, model: str | os.PathLike[str], **settings: Any) -> VLLMEngine:
