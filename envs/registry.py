@@ -85,7 +85,13 @@ def spec(id: str) -> EnvSpec:
 
 
 def make(id: str, **kwargs: Any) -> Env:
-    """A new instance of env ``id``; keyword arguments override the registered defaults."""
+    """A new instance of env ``id``; keyword arguments override the registered defaults. An id
+    of another framework, ``<scheme>:<name>`` without a ``/`` (``skyrl_gym:gsm8k_multi_turn``),
+    is made by that framework's adapter (:mod:`agentloop.envs.foreign`)."""
+    if ":" in id and "/" not in id.partition(":")[2]:
+        from agentloop.envs.foreign import make_foreign
+
+        return make_foreign(id, **kwargs)
     env_spec = spec(id)
     id = env_spec.id
     factory = env_spec.load()

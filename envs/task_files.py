@@ -8,7 +8,8 @@ file-backed envs read it with :class:`TaskFiles`, which loads each file once per
 
 verl's dataset rows are read as they are (:func:`from_verl`): ``prompt`` as chat messages,
 ``reward_model.ground_truth`` as ``answer``, ``data_source`` and ``extra_info`` kept, the id
-from ``extra_info.index`` (else the row's number).
+from ``extra_info.index`` (else the row's number). SkyRL's rows likewise (:func:`from_skyrl`):
+``reward_spec.ground_truth`` as ``answer``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "TaskFiles",
     "TaskSchema",
     "convert_rows",
+    "from_skyrl",
     "from_verl",
     "load_tasks",
     "prompt_messages",
@@ -181,6 +183,25 @@ def from_verl(row: Any, number: int) -> Any:
     return out
 
 
+def from_skyrl(row: Any, number: int) -> Any:
+    """A SkyRL dataset row (``reward_spec`` present: ``prompt``, ``env_class``, ``reward_spec``,
+    ``extra_info``) in the project's format: ``answer`` from ``reward_spec.ground_truth``, ``id``
+    as :func:`from_verl` gives it; every field stays (a ``skyrl_gym:`` env reads them as SkyRL
+    does). Other rows come back as they are."""
+    if not isinstance(row, dict) or not isinstance(row.get("reward_spec"), dict):
+        return row
+    out = dict(row)
+    truth = row["reward_spec"].get("ground_truth")
+    if "answer" not in out and truth is not None:
+        out["answer"] = list(truth) if isinstance(truth, tuple) else truth
+    if "id" not in out:
+        extra = row.get("extra_info")
+        index = extra.get("index") if isinstance(extra, dict) else None
+        source = row.get("data_source") or row.get("env_class") or "row"
+        out["id"] = f"{source}-{index if index is not None else number}"
+    return out
+
+
 def prompt_messages(task: Task, system_prompt: str | None) -> list[Message]:
     """The initial messages of ``task``: ``system_prompt`` (when given and the task brings no
     system message of its own) and ``task.data["prompt"]``, a string or chat messages."""
@@ -240,7 +261,10 @@ def load_tasks(path: str | os.PathLike[str], schema: TaskSchema) -> list[Task]:
     """Every task of a task file, checked against ``schema`` (all bad rows are named); the
     schema's ``paths`` fields come back absolute."""
     rows = _check(
-        ((where, from_verl(row, i)) for i, (where, row) in enumerate(read_rows(path))),
+        (
+            (where, from_skyrl(from_verl(row, i), i))
+            for i, (where, row) in enumerate(read_rows(path))
+        ),
         schema,
         str(path),
     )
