@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, imports would compile
 	# from source every time.
 	$(PIP) install -q torch==2.13.0 "uv>=0.13"
-	$(UV) install --python $(PY) -q --compile-bytecode -e ".[cpu,dev,search]"
+	$(UV) install --python $(PY) -q --compile-bytecode -e ".[cpu,dev,search,envs]"
 	# Test oracles, pinned as pyproject's `oracles` extra: verl's SandboxFusion reward client
 	# (tests/sandboxes/test_sandboxfusion_verl.py loads that module alone). Without their
 	# dependencies, which would downgrade transformers and tokenizers.

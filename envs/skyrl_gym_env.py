@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -46,8 +47,20 @@ def skyrl_gym_env(
     env_config: Mapping[str, Any] | None = None,
     max_turns: int | None = None,
 ) -> SkyRLGymEnv:
-    """The adapter's entry point (``agentloop.envs.make("skyrl_gym:<name>", files=...)``)."""
-    return SkyRLGymEnv(name, files=files, env_config=env_config, max_turns=max_turns)
+    """The adapter's entry point (``agentloop.envs.make("skyrl_gym:<name>", files=...)``).
+    ``name`` is a skyrl-gym env id, or ``module:id`` for your own: ``module`` is imported first
+    and registers ``id`` with ``skyrl_gym.register`` (as a SkyRL entrypoint does)."""
+    module, sep, env_class = name.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EnvError(
+                f"env 'skyrl_gym:{name}': cannot import module {module!r} ({exc}); it must be "
+                "importable (on PYTHONPATH, or the current directory) and skyrl_gym.register "
+                f"{env_class!r}"
+            ) from exc
+    return SkyRLGymEnv(env_class, files=files, env_config=env_config, max_turns=max_turns)
 
 
 class SkyRLGymEnv(Env):

@@ -17,6 +17,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "train_run": ("e2e", "vllm", "integration", "slow"),  # GRPO in this process (trainers/)
     "train_cli": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` subprocesses
     "verl_run": ("e2e", "vllm", "integration", "slow"),  # one 2-step `agentloop train`, module
+    "skyrl_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a skyrl-gym env
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
     "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
@@ -55,6 +56,7 @@ FLOATING: dict[str, tuple[str, ...]] = {
     # ~3 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
     "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~2.7 min
+    "skyrl": ("tests/trainers/test_train_skyrl.py",),  # one 2-step run
     "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~2 min
     "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.5 min
     "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1 min

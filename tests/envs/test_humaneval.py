@@ -39,7 +39,9 @@ def test_the_canonical_solutions_score_164_of_164() -> None:
     async def all_of(replies: list[str]) -> list[StepResult]:
         return await asyncio.gather(*(judge(t, r) for t, r in zip(tasks, replies, strict=True)))
 
-    fenced = [f"Here:\n```python\n{t.data['prompt']}{t.data['canonical_solution']}```" for t in tasks]
+    fenced = [
+        f"Here:\n```python\n{t.data['prompt']}{t.data['canonical_solution']}```" for t in tasks
+    ]
     bare = [str(t.data["canonical_solution"]) for t in tasks]
     for results in (asyncio.run(all_of(fenced)), asyncio.run(all_of(bare))):
         assert sum(r.reward for r in results) == 164

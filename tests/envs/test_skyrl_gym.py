@@ -65,11 +65,11 @@ def test_a_skyrl_multi_turn_env_gives_its_per_turn_rewards(tmp_path: Path) -> No
 
 
 def test_bad_skyrl_ids_rows_and_arguments_are_named(tmp_path: Path) -> None:
-    with pytest.raises(EnvError, match="no env 'gsm8k_multi'. Did you mean 'gsm8k_multi_turn'"):
+    with pytest.raises(EnvError, match=r"no env 'gsm8k_multi'\. Did you mean 'gsm8k_multi_turn'"):
         make("skyrl_gym:gsm8k_multi")
-    with pytest.raises(EnvError, match="no framework is named 'skyrl'. Did you mean 'skyrl_gym'"):
+    with pytest.raises(EnvError, match=r"no framework is named 'skyrl'\. Did you mean 'skyrl_gym'"):
         make("skyrl:gsm8k")
-    with pytest.raises(EnvError, match="'file'.*Did you mean 'files'"):
+    with pytest.raises(EnvError, match=r"'file'.*Did you mean 'files'"):
         make("skyrl_gym:gsm8k", file={})
     data = write_skyrl_parquet(tmp_path / "t.parquet", skyrl_rows(2, env_class="gsm8k"))
     env = make("skyrl_gym:gsm8k_multi_turn", files={"test": str(data)})
