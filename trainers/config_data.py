@@ -42,7 +42,8 @@ class DataConfig:
     come from ``env.tasks(split, limit)``."""
 
     env: str = "agentloop/Calc-v0"
-    """Registered env id (``agentloop.envs.make``) that gives the tasks, tools and rewards."""
+    """Registered env id (``agentloop.envs.make``) that gives the tasks, tools and rewards, or
+    another framework's env played unchanged: ``skyrl_gym:ENV_CLASS``, ``aviary:NAME``."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor (``make(env, **env_kwargs)``), the same for
     training and validation episodes."""

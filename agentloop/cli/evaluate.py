@@ -20,7 +20,11 @@ __all__ = ["add_eval", "cmd_eval", "rollout_config"]
 
 def add_eval(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--env", help="registered env id, e.g. agentloop/Calc-v0")
+    add(
+        "--env",
+        help="registered env id, e.g. agentloop/Calc-v0, or another framework's: "
+        "skyrl_gym:ENV_CLASS, aviary:NAME",
+    )
     add("--model", help="local model directory (tokenizer, template), or tiny, tiny-calc, tiny-vlm")
     add("--out", help="run directory for trajectories.jsonl, config.json, summary.json")
     add("--n", type=int, default=8, help="samples per task (default: 8)")
