@@ -77,7 +77,10 @@ class AviaryEnv(Env):
         if self.files is None:
             return []
         first = next(iter(self.files.files))
-        return json.loads(_probe_tools(self.name, json.dumps(_kwargs(self.tasks(first, 1)[0]))))
+        schemas: list[dict[str, Any]] = json.loads(
+            _probe_tools(self.name, json.dumps(_kwargs(self.tasks(first, 1)[0])))
+        )
+        return schemas
 
     async def reset(
         self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
