@@ -14,7 +14,7 @@ running event loop's shared instance (what the code-interpreter tool uses by def
 
 from __future__ import annotations
 
-from .base import (
+from agentloop.sandboxes.base import (
     LANGUAGES,
     ExecResult,
     Sandbox,
@@ -25,9 +25,9 @@ from .base import (
     make_sandbox,
     register_sandbox,
 )
-from .fake import FakeSandbox
-from .shared import shared_sandbox
-from .spec import SandboxConfig, SandboxSpec, sandbox_spec
+from agentloop.sandboxes.fake import FakeSandbox
+from agentloop.sandboxes.shared import shared_sandbox
+from agentloop.sandboxes.spec import SandboxConfig, SandboxSpec, sandbox_spec
 
 __all__ = [
     "LANGUAGES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from .base import SandboxLimits
+from agentloop.sandboxes.base import SandboxLimits
 
 __all__ = ["BWRAP_INSTALL_HINT", "fs_args", "sandbox_env"]
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import SandboxLimits, pid_alive
+from agentloop.sandboxes.base import SandboxLimits, pid_alive
 
 __all__ = ["Cgroup", "CgroupRoot", "detect_cgroups", "reap_stale_cgroups"]
 

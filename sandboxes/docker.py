@@ -13,12 +13,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .base import ExecResult, SandboxLimits, pid_alive
-from .bwrap import sandbox_env
-from .pool import KernelSandbox
-from .protocol import KERNEL_SOURCE, SectionBuffer, SectionMarks, StreamKernel, new_key
-from .seccomp import docker_profile
+from agentloop.sandboxes.base import ExecResult, SandboxLimits, pid_alive
+from agentloop.sandboxes.bwrap import sandbox_env
+from agentloop.sandboxes.pool import KernelSandbox
+from agentloop.sandboxes.protocol import (
+    KERNEL_SOURCE,
+    SectionBuffer,
+    SectionMarks,
+    StreamKernel,
+    new_key,
+)
+from agentloop.sandboxes.seccomp import docker_profile
 
 __all__ = [
     "DEFAULT_IMAGE",

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.errors import SandboxError
-
-from .base import ExecResult, SandboxLimits, check_code, check_files, check_language
+from agentloop.sandboxes.base import (
+    ExecResult,
+    SandboxLimits,
+    check_code,
+    check_files,
+    check_language,
+)
 
 __all__ = ["FakeCall", "FakeSandbox", "FakeSession"]
 

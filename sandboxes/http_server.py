@@ -48,8 +48,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from agentloop.errors import ConfigError
-
-from .http_limits import HttpLimits, limit_logging
+from agentloop.sandboxes.http_limits import HttpLimits, limit_logging
 
 __all__ = [
     "HttpServer",

@@ -29,9 +29,8 @@ from collections.abc import Mapping, Sequence
 import psutil
 
 from agentloop.errors import SandboxError
-
-from .base import SandboxLimits
-from .cgroups import Cgroup, CgroupRoot
+from agentloop.sandboxes.base import SandboxLimits
+from agentloop.sandboxes.cgroups import Cgroup, CgroupRoot
 
 __all__ = ["LaunchedProcess", "Launcher", "drop_launcher", "launcher_limits", "start_launcher"]
 

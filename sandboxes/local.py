@@ -12,16 +12,15 @@ import shutil
 from collections.abc import Sequence
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .base import ExecResult, SandboxLimits
-from .bwrap import BWRAP_INSTALL_HINT, fs_args, sandbox_env
-from .cgroups import CgroupRoot, detect_cgroups, reap_stale_cgroups
-from .launcher import Launcher
-from .pool import KernelSandbox
-from .process import ProcessKernel, collect_process
-from .protocol import KERNEL_SOURCE, new_key
-from .seccomp import seccomp_filter
-from .slots import SlotPool
+from agentloop.sandboxes.base import ExecResult, SandboxLimits
+from agentloop.sandboxes.bwrap import BWRAP_INSTALL_HINT, fs_args, sandbox_env
+from agentloop.sandboxes.cgroups import CgroupRoot, detect_cgroups, reap_stale_cgroups
+from agentloop.sandboxes.launcher import Launcher
+from agentloop.sandboxes.pool import KernelSandbox
+from agentloop.sandboxes.process import ProcessKernel, collect_process
+from agentloop.sandboxes.protocol import KERNEL_SOURCE, new_key
+from agentloop.sandboxes.seccomp import seccomp_filter
+from agentloop.sandboxes.slots import SlotPool
 
 __all__ = ["LocalSandbox"]
 

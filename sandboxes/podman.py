@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.errors import SandboxError
-
-from .docker import DEFAULT_IMAGE
+from agentloop.sandboxes.docker import DEFAULT_IMAGE
 
 __all__ = [
     "CONTAINERS_CONF",

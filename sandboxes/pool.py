@@ -11,9 +11,14 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .base import ExecResult, SandboxLimits, check_code, check_files, check_language
-from .protocol import StreamKernel
+from agentloop.sandboxes.base import (
+    ExecResult,
+    SandboxLimits,
+    check_code,
+    check_files,
+    check_language,
+)
+from agentloop.sandboxes.protocol import StreamKernel
 
 __all__ = ["KernelPool", "KernelSandbox", "PooledSession"]
 

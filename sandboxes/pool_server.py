@@ -8,10 +8,9 @@ import time
 from collections.abc import Mapping
 
 from agentloop.errors import SandboxError
-
-from .base import ExecResult, SandboxLimitError
-from .pool_stats import ServerStats
-from .remote import RemoteSandbox, RemoteSession, ServerUnreachable
+from agentloop.sandboxes.base import ExecResult, SandboxLimitError
+from agentloop.sandboxes.pool_stats import ServerStats
+from agentloop.sandboxes.remote import RemoteSandbox, RemoteSession, ServerUnreachable
 
 __all__ = ["PoolServer", "PoolSession", "describe_caps", "read_cap"]
 

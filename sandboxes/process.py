@@ -10,10 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentloop.errors import SandboxError
-
-from .base import ExecResult
-from .cgroups import Cgroup
-from .protocol import Capture, SectionMarks, SectionReader, StreamKernel
+from agentloop.sandboxes.base import ExecResult
+from agentloop.sandboxes.cgroups import Cgroup
+from agentloop.sandboxes.protocol import Capture, SectionMarks, SectionReader, StreamKernel
 
 __all__ = ["ProcessKernel", "collect_process", "exit_status"]
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentloop.errors import SandboxError
-
-from .base import ExecResult, encode_files
+from agentloop.sandboxes.base import ExecResult, encode_files
 
 __all__ = [
     "KERNEL_SOURCE",

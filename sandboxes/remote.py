@@ -14,9 +14,14 @@ from typing import Any
 import aiohttp
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .base import ExecResult, SandboxLimits, check_code, check_files, encode_files
-from .wire import cap_output
+from agentloop.sandboxes.base import (
+    ExecResult,
+    SandboxLimits,
+    check_code,
+    check_files,
+    encode_files,
+)
+from agentloop.sandboxes.wire import cap_output
 
 __all__ = ["RemoteSandbox", "RemoteSession", "ServerBusy", "ServerUnreachable"]
 

@@ -9,13 +9,18 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .base import ExecResult, SandboxLimitError, SandboxLimits
-from .pool_config import DEFAULT_URL, TOKEN_ENV, URLS_ENV, resolve_token, resolve_urls
-from .pool_server import PoolServer, PoolSession, describe_caps, read_cap
-from .pool_stats import PoolStats, ServerStats
-from .remote import RemoteSandbox, ServerBusy, ServerUnreachable
-from .shared import shared_sandboxes
+from agentloop.sandboxes.base import ExecResult, SandboxLimitError, SandboxLimits
+from agentloop.sandboxes.pool_config import (
+    DEFAULT_URL,
+    TOKEN_ENV,
+    URLS_ENV,
+    resolve_token,
+    resolve_urls,
+)
+from agentloop.sandboxes.pool_server import PoolServer, PoolSession, describe_caps, read_cap
+from agentloop.sandboxes.pool_stats import PoolStats, ServerStats
+from agentloop.sandboxes.remote import RemoteSandbox, ServerBusy, ServerUnreachable
+from agentloop.sandboxes.shared import shared_sandboxes
 
 __all__ = [
     "DEFAULT_URL",

@@ -65,14 +65,14 @@ def build_parser(parser: Any = None) -> Any:
         action="store_true",
         help="required for --backend subprocess_unsafe (no isolation)",
     )
-    from .http_limits import add_http_args
+    from agentloop.sandboxes.http_limits import add_http_args
 
     return add_http_args(p)
 
 
 def backend_kwargs_from_args(args: Any) -> dict[str, Any]:
     """Backend constructor arguments from parsed ``serve-sandbox`` arguments."""
-    from .base import SandboxLimits
+    from agentloop.sandboxes.base import SandboxLimits
 
     kw: dict[str, Any] = {
         "limits": SandboxLimits(

@@ -16,14 +16,19 @@ from typing import Any
 from aiohttp import web
 
 from agentloop.errors import ConfigError, SandboxError
-
-from .admission import RunGate, SessionCaps
-from .base import ExecResult, Sandbox, SandboxLimits, SandboxSession
-from .http_limits import HttpLimits, http_limits_from_args
-from .http_server import HttpServer, internal_error, return_big_buffers
-from .serve_args import backend_kwargs_from_args, build_parser, is_loopback, read_tokens, warn_open
-from .tiers import LimitsFactory, MemoryTiers
-from .wire import (
+from agentloop.sandboxes.admission import RunGate, SessionCaps
+from agentloop.sandboxes.base import ExecResult, Sandbox, SandboxLimits, SandboxSession
+from agentloop.sandboxes.http_limits import HttpLimits, http_limits_from_args
+from agentloop.sandboxes.http_server import HttpServer, internal_error, return_big_buffers
+from agentloop.sandboxes.serve_args import (
+    backend_kwargs_from_args,
+    build_parser,
+    is_loopback,
+    read_tokens,
+    warn_open,
+)
+from agentloop.sandboxes.tiers import LimitsFactory, MemoryTiers
+from agentloop.sandboxes.wire import (
     FusionRequest,
     RunRequest,
     cap_output,
@@ -323,7 +328,7 @@ class SandboxServer:
 
 def _factory(name: str, kwargs: dict[str, Any]) -> LimitsFactory:
     """Builds backend ``name`` as configured, but with the limits given."""
-    from .base import make_sandbox
+    from agentloop.sandboxes.base import make_sandbox
 
     def build(limits: SandboxLimits) -> Sandbox:
         return make_sandbox(name, **{**kwargs, "limits": limits})
@@ -345,7 +350,7 @@ async def serve(
     """Run a sandbox server until SIGTERM/SIGINT (or ``stop`` is set); drains gracefully."""
     import signal
 
-    from .base import make_sandbox
+    from agentloop.sandboxes.base import make_sandbox
 
     return_big_buffers()  # what 1 MB outputs leave in the heap goes back (measured: docs)
     factory: LimitsFactory | None = None

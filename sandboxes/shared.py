@@ -6,8 +6,8 @@ import asyncio
 import weakref
 from collections.abc import AsyncGenerator
 
-from .base import Sandbox
-from .spec import SandboxConfig, SandboxSpec, sandbox_spec
+from agentloop.sandboxes.base import Sandbox
+from agentloop.sandboxes.spec import SandboxConfig, SandboxSpec, sandbox_spec
 
 __all__ = ["shared_sandbox", "shared_sandboxes"]
 

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from .base import SandboxLimits
-from .cgroups import CgroupRoot
-from .launcher import Launcher, drop_launcher, start_launcher
+from agentloop.sandboxes.base import SandboxLimits
+from agentloop.sandboxes.cgroups import CgroupRoot
+from agentloop.sandboxes.launcher import Launcher, drop_launcher, start_launcher
 
 __all__ = ["SlotPool"]
 

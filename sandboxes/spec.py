@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.errors import ConfigError
-
-from .base import Sandbox, SandboxLimits, available_sandboxes, make_sandbox
+from agentloop.sandboxes.base import Sandbox, SandboxLimits, available_sandboxes, make_sandbox
 
 __all__ = ["SandboxConfig", "SandboxSpec", "sandbox_spec"]
 

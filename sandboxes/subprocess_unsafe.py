@@ -13,11 +13,10 @@ import tempfile
 import warnings
 
 from agentloop.errors import ConfigError
-
-from .base import ExecResult, SandboxLimits
-from .pool import KernelSandbox
-from .process import ProcessKernel, collect_process
-from .protocol import KERNEL_SOURCE, new_key
+from agentloop.sandboxes.base import ExecResult, SandboxLimits
+from agentloop.sandboxes.pool import KernelSandbox
+from agentloop.sandboxes.process import ProcessKernel, collect_process
+from agentloop.sandboxes.protocol import KERNEL_SOURCE, new_key
 
 __all__ = ["UnsafeSubprocessSandbox"]
 

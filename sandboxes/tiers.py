@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from agentloop.errors import ConfigError
-
-from .admission import too_many
-from .base import Sandbox, SandboxLimits
+from agentloop.sandboxes.admission import too_many
+from agentloop.sandboxes.base import Sandbox, SandboxLimits
 
 __all__ = ["LimitsFactory", "MemoryTiers"]
 

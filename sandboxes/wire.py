@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop.errors import ConfigError
-
-from .base import ExecResult, decode_files
+from agentloop.sandboxes.base import ExecResult, decode_files
 
 __all__ = [
     "FusionRequest",
