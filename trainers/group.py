@@ -157,7 +157,8 @@ async def open_worker_group(
     if cfg.trainer.placement == "ray":
         from agentloop.trainers.ray_group import open_ray_group
 
-        async with open_ray_group(cfg, worker_spec(cfg, model_dir, threaded=True)) as group:
+        spec = worker_spec(cfg, model_dir, threaded=True)
+        async with open_ray_group(cfg.ray, cfg.trainer, spec) as group:
             yield group
         return
     # async modes overlap rollouts with training: torch work must leave the event loop free

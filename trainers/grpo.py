@@ -143,7 +143,7 @@ async def train_async(
             run = _Run(cfg, out, model_dir, builder, sampler, group, meter, notices=notices)
             state = await _restore(run)
             start, source = (state.step, state.source) if state else (0, None)
-            run.source = make_source(GenContext(cfg, play, sampler), start=start, state=source)
+            run.source = make_source(GenContext.of(cfg, play, sampler), start=start, state=source)
             logger = MetricsLogger(
                 cfg.logging,
                 out,

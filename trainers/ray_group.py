@@ -22,7 +22,7 @@ from agentloop.engines.base import Engine, SamplingParams
 from agentloop.engines.router import ReplicatedEngine
 from agentloop.errors import ConfigError
 from agentloop.trainers.colocated import ColocatedWorker, WorkerSpec
-from agentloop.trainers.config import TrainConfig
+from agentloop.trainers.config_infra import RayConfig, TrainerConfig
 from agentloop.trainers.group import WorkerGroup
 from agentloop.types import Completion
 from agentloop.vision import is_vision_model
@@ -62,21 +62,21 @@ class RayEngineClient:
         return result
 
 
-def _start_ray(cfg: TrainConfig) -> bool:
+def _start_ray(cluster: RayConfig) -> bool:
     """Connect to (or start) Ray; return whether this call started it."""
     import ray
 
     if ray.is_initialized():
         return False
-    if cfg.ray.address is not None:
-        ray.init(address=cfg.ray.address, log_to_driver=True)
+    if cluster.address is not None:
+        ray.init(address=cluster.address, log_to_driver=True)
     else:
         # Ray starts its workers at nice 15 (worker_niceness), below its own daemons; here the
         # workers are the run (trainers, vLLM engines), which local placement runs at nice 0.
         # At 15 any busy process beside them (another job, the other test lane) starves them: a
         # 2.3 s CPU task in an actor took 44 s beside two busy processes, 5.2 s at nice 0.
         ray.init(
-            num_cpus=cfg.ray.num_cpus,
+            num_cpus=cluster.num_cpus,
             include_dashboard=False,
             log_to_driver=True,
             _system_config={"worker_niceness": 0},
@@ -92,24 +92,24 @@ def _bundle(cpus: float, gpus: float | None) -> dict[str, float]:
     return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
 
-async def _placement_group(cfg: TrainConfig) -> Any:
+async def _placement_group(cluster: RayConfig, trainer: TrainerConfig) -> Any:
     """Bundles ``0 .. num_workers-1`` for the trainers, then one per rollout worker."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    bundle = _bundle(cfg.ray.cpus_per_worker, cfg.ray.gpus_per_worker)
-    rollout = _bundle(cfg.ray.cpus_per_rollout_worker, cfg.ray.gpus_per_rollout_worker)
-    n = cfg.trainer.num_workers
+    bundle = _bundle(cluster.cpus_per_worker, cluster.gpus_per_worker)
+    rollout = _bundle(cluster.cpus_per_rollout_worker, cluster.gpus_per_rollout_worker)
+    n = trainer.num_workers
     bundles = [dict(bundle) for _ in range(n)]
-    bundles += [dict(rollout) for _ in range(cfg.trainer.rollout_workers)]
-    pg = placement_group(bundles, strategy=cfg.ray.placement_strategy)
+    bundles += [dict(rollout) for _ in range(trainer.rollout_workers)]
+    pg = placement_group(bundles, strategy=cluster.placement_strategy)
     try:
         await asyncio.wait_for(pg.ready(), _PLACEMENT_TIMEOUT_S)
     except TimeoutError:
         remove_placement_group(pg)
         raise ConfigError(
-            f"Ray could not place {n} workers of {bundle} and {cfg.trainer.rollout_workers} "
-            f"rollout workers of {rollout} ({cfg.ray.placement_strategy}) in "
+            f"Ray could not place {n} workers of {bundle} and {trainer.rollout_workers} "
+            f"rollout workers of {rollout} ({cluster.placement_strategy}) in "
             f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.cluster_resources()}: lower "
             "trainer.num_workers or ray.cpus_per_worker/gpus_per_worker, or add nodes"
         ) from None
@@ -117,24 +117,26 @@ async def _placement_group(cfg: TrainConfig) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[WorkerGroup]:
-    """``cfg.trainer.num_workers`` colocated actors in one placement group, started and set up
+async def open_ray_group(
+    cluster: RayConfig, trainer: TrainerConfig, spec: WorkerSpec
+) -> AsyncIterator[WorkerGroup]:
+    """``trainer.num_workers`` colocated actors in one placement group, started and set up
     (engines first, then the process group), and torn down on exit."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    started = _start_ray(cfg)
+    started = _start_ray(cluster)
     pg: Any = None
     actors: list[Any] = []
     pool: RolloutPool | None = None
-    disaggregated = cfg.trainer.rollout_workers > 0 and spec.engine is not None
+    disaggregated = trainer.rollout_workers > 0 and spec.engine is not None
     engine_settings = spec.engine
     if disaggregated:
         spec = dataclasses.replace(spec, engine=None)
     try:
-        pg, bundle = await _placement_group(cfg)
+        pg, bundle = await _placement_group(cluster, trainer)
         remote_cls = ray.remote(ColocatedWorker)
-        for i in range(cfg.trainer.num_workers):
+        for i in range(trainer.num_workers):
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
             actors.append(
                 remote_cls.options(
@@ -146,7 +148,7 @@ async def open_ray_group(cfg: TrainConfig, spec: WorkerSpec) -> AsyncIterator[Wo
             )
         if disaggregated:
             assert engine_settings is not None
-            pool = _rollout_pool(cfg, pg, actors, spec.model_dir, engine_settings)
+            pool = _rollout_pool(cluster, trainer, pg, actors, spec.model_dir, engine_settings)
         info = await _start(actors, pool)
         n = len(actors)
 
@@ -200,7 +202,12 @@ async def _start(trainers: list[Any], pool: RolloutPool | None) -> list[dict[str
 
 
 def _rollout_pool(
-    cfg: TrainConfig, pg: Any, trainers: list[Any], model_dir: str, settings: dict[str, Any]
+    cluster: RayConfig,
+    trainer: TrainerConfig,
+    pg: Any,
+    trainers: list[Any],
+    model_dir: str,
+    settings: dict[str, Any],
 ) -> RolloutPool:
     """The rollout workers of a disaggregated run (bundles after the trainers'), not started."""
     import ray
@@ -209,11 +216,11 @@ def _rollout_pool(
     from agentloop.trainers.disagg import RolloutPool, RolloutWorker
 
     remote_cls = ray.remote(RolloutWorker)
-    bundle = _bundle(cfg.ray.cpus_per_rollout_worker, cfg.ray.gpus_per_rollout_worker)
+    bundle = _bundle(cluster.cpus_per_rollout_worker, cluster.gpus_per_rollout_worker)
 
     def make_actor(i: int) -> Any:
         strategy = PlacementGroupSchedulingStrategy(
-            pg, placement_group_bundle_index=cfg.trainer.num_workers + i
+            pg, placement_group_bundle_index=trainer.num_workers + i
         )
         return remote_cls.options(
             num_cpus=bundle["CPU"],
@@ -224,11 +231,11 @@ def _rollout_pool(
 
     return RolloutPool(
         make_actor,
-        cfg.trainer.rollout_workers,
+        trainer.rollout_workers,
         trainers,
         supports_images=is_vision_model(model_dir),
-        restart_timeout_s=cfg.ray.restart_timeout_s,
-        push_timeout_s=cfg.ray.weight_push_timeout_s,
+        restart_timeout_s=cluster.restart_timeout_s,
+        push_timeout_s=cluster.weight_push_timeout_s,
     )
 
 

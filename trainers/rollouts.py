@@ -24,17 +24,21 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentloop.collect import stable_seed
 from agentloop.engines.base import Engine, SamplingParams, generate
 from agentloop.errors import AgentLoopError
 from agentloop.loop_workers import Collector
-from agentloop.trainers.config import TrainConfig
+from agentloop.trainers.config_data import AlgorithmConfig, TrainRolloutConfig
+from agentloop.trainers.config_infra import TrainerConfig
 from agentloop.trainers.dapo import accumulate_groups, apply_overlong_penalty
 from agentloop.trainers.data import PromptSampler, read_step_groups
 from agentloop.trainers.stream import RolloutStream, StreamSettings
 from agentloop.types import Completion, Task, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from agentloop.trainers.config import TrainConfig
 
 __all__ = [
     "BatchSource",
@@ -51,13 +55,20 @@ Batch = tuple[list[TrajectoryGroup], dict[str, float]]
 
 @dataclass(frozen=True)
 class GenContext:
-    """What generation needs from a run."""
+    """What generation needs from a run: three sections of its config, the loop, the tasks."""
 
-    cfg: TrainConfig
+    rollout: TrainRolloutConfig
+    algorithm: AlgorithmConfig
+    trainer: TrainerConfig
     collect: Collector | None
     """``collect`` bound to the run's engine, env (``data.env`` with ``data.tools``) and
     builder, over ``rollout.loop_workers`` processes; None when the run generates nothing."""
     sampler: PromptSampler
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, collect: Collector | None, sampler: PromptSampler) -> GenContext:
+        """The context of a run configured by ``cfg``."""
+        return cls(cfg.rollout, cfg.algorithm, cfg.trainer, collect, sampler)
 
 
 @dataclass(frozen=True)
@@ -86,18 +97,18 @@ class BatchSource(Protocol):
 
 
 async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[TrajectoryGroup]:
-    cfg, alg = ctx.cfg, ctx.cfg.algorithm
+    alg = ctx.algorithm
     assert ctx.collect is not None
     groups = await ctx.collect(
         tasks,
-        group_size=cfg.rollout.n,
-        concurrency=cfg.rollout.concurrency,
+        group_size=ctx.rollout.n,
+        concurrency=ctx.rollout.concurrency,
         seed=seed,
     )
     if alg.overlong_buffer:
         groups = apply_overlong_penalty(
             groups,
-            max_response_len=cfg.rollout.max_response_len,
+            max_response_len=ctx.rollout.max_response_len,
             overlong_buffer=alg.overlong_buffer,
             penalty_factor=alg.overlong_penalty_factor,
         )
@@ -107,15 +118,15 @@ async def _play(ctx: GenContext, tasks: Sequence[Task], seed: int) -> list[Traje
 async def generate_batch(ctx: GenContext, step: int) -> Batch:
     """This step's groups: replayed from disk, or collected (and, with DAPO dynamic sampling,
     collected again until ``prompts_per_step`` groups have non-constant rewards)."""
-    cfg, alg = ctx.cfg, ctx.cfg.algorithm
-    if cfg.rollout.replay is not None:
-        return read_step_groups(cfg.rollout.replay, step), {"rollout/gen_rounds": 0.0}
+    alg = ctx.algorithm
+    if ctx.rollout.replay is not None:
+        return read_step_groups(ctx.rollout.replay, step), {"rollout/gen_rounds": 0.0}
     buffer: list[TrajectoryGroup] = []
     dropped, sampled_tokens, rounds = 0, 0, 0
     while True:
         rounds += 1
-        tasks = ctx.sampler.next_batch(cfg.trainer.prompts_per_step)
-        groups = await _play(ctx, tasks, stable_seed(cfg.trainer.seed, step, rounds))
+        tasks = ctx.sampler.next_batch(ctx.trainer.prompts_per_step)
+        groups = await _play(ctx, tasks, stable_seed(ctx.trainer.seed, step, rounds))
         sampled_tokens += sum(t.num_trained_tokens for g in groups for t in g.trajectories)
         if not alg.dynamic_sampling:
             batch: list[TrajectoryGroup] | None = groups
@@ -123,7 +134,7 @@ async def generate_batch(ctx: GenContext, step: int) -> Batch:
             batch, buffer, stats = accumulate_groups(
                 buffer,
                 groups,
-                target_groups=cfg.trainer.prompts_per_step,
+                target_groups=ctx.trainer.prompts_per_step,
                 rounds=rounds,
                 max_rounds=alg.max_sampling_rounds,
                 metric=alg.filter_metric,
@@ -165,18 +176,18 @@ class _OneStepSource(_SyncSource):
         if self._ahead is not None and self._ahead[0] == step:
             t0 = time.perf_counter()
             try:
-                async with asyncio.timeout(self.ctx.cfg.trainer.batch_timeout_s):
+                async with asyncio.timeout(self.ctx.trainer.batch_timeout_s):
                     groups, metrics = await self._ahead[1]
             except TimeoutError:
                 raise AgentLoopError(
                     f"step {step}'s batch was not generated within trainer.batch_timeout_s="
-                    f"{self.ctx.cfg.trainer.batch_timeout_s} s; check the engines"
+                    f"{self.ctx.trainer.batch_timeout_s} s; check the engines"
                 ) from None
             metrics = {**metrics, "async/wait_s": time.perf_counter() - t0}
         else:
             groups, metrics = await generate_batch(self.ctx, step)
         self._ahead = None  # handed over: a checkpoint from now on must not generate it again
-        if step < self.ctx.cfg.trainer.total_steps:
+        if step < self.ctx.trainer.total_steps:
             before = self.ctx.sampler.state_dict()
             job = asyncio.create_task(generate_batch(self.ctx, step + 1), name=f"batch-{step + 1}")
             self._ahead = (step + 1, job, before)
@@ -197,12 +208,12 @@ class _AsyncSource(_SyncSource):
 
     def __init__(self, ctx: GenContext, start: int, buffer: Mapping[str, Any] | None) -> None:
         super().__init__(ctx)
-        cfg, t, alg = ctx.cfg, ctx.cfg.trainer, ctx.cfg.algorithm
+        t, alg = ctx.trainer, ctx.algorithm
         settings = StreamSettings(
             groups_per_batch=t.prompts_per_step,
             max_staleness=t.max_staleness,
             policy=t.staleness_policy,
-            max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.n),
+            max_groups_in_flight=max(1, ctx.rollout.concurrency // ctx.rollout.n),
             timeout_s=t.batch_timeout_s,
             dynamic_sampling=alg.dynamic_sampling,
             filter_metric=alg.filter_metric,
@@ -219,7 +230,7 @@ class _AsyncSource(_SyncSource):
             self.stream.load_state_dict(dict(buffer))
 
     async def _play_group(self, task: Task, index: int) -> TrajectoryGroup:
-        seed = stable_seed(self.ctx.cfg.trainer.seed, -1, index)
+        seed = stable_seed(self.ctx.trainer.seed, -1, index)
         return (await _play(self.ctx, [task], seed))[0]
 
     async def next_batch(self, step: int) -> Batch:
@@ -238,11 +249,11 @@ class _AsyncSource(_SyncSource):
 
 
 def make_source(ctx: GenContext, *, start: int, state: SourceState | None = None) -> BatchSource:
-    """The batch source of ``ctx.cfg.trainer.mode`` for a run that has trained ``start`` steps,
+    """The batch source of ``ctx.trainer.mode`` for a run that has trained ``start`` steps,
     continuing from a checkpoint's ``state`` (the sampler's position, async mode's buffer)."""
     if state is not None:
         ctx.sampler.load_state_dict(dict(state.sampler))
-    mode = ctx.cfg.trainer.mode
+    mode = ctx.trainer.mode
     if mode == "one_step":
         return _OneStepSource(ctx)
     if mode == "async":

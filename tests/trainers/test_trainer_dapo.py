@@ -119,10 +119,10 @@ async def test_the_shipped_example_on_tiny_fails_naming_the_fix_and_runs_with_it
     cfg = load_config(TrainConfig, example_config("grpo_calc_tiny"), shipped)
     assert cfg.algorithm.dynamic_sampling
     with pytest.raises(ConfigError, match=r"set algorithm\.dynamic_sampling=false to train"):
-        await generate_batch(GenContext(cfg, tiny, PromptSampler(tasks)), 1)
+        await generate_batch(GenContext.of(cfg, tiny, PromptSampler(tasks)), 1)
     fixed = load_config(TrainConfig, example_config("grpo_calc_tiny"),
                         [*shipped, "algorithm.dynamic_sampling=false"])  # fmt: skip
-    groups, _ = await generate_batch(GenContext(fixed, tiny, PromptSampler(tasks)), 1)
+    groups, _ = await generate_batch(GenContext.of(fixed, tiny, PromptSampler(tasks)), 1)
     assert len(groups) == fixed.trainer.prompts_per_step and all(len(g) == 8 for g in groups)
 
 
