@@ -1,4 +1,11 @@
-"""agentloop/ZoomVQA-v0: a small detail on a large synthetic image, legible only after zooming."""
+"""agentloop/ZoomVQA-v0: a small detail on a large synthetic image, legible only after zooming.
+
+Two layouts: ``scatter`` (a code or a count of dots in a small coloured panel somewhere among
+distractor shapes) and ``grid`` (:mod:`agentloop.envs.zoom_grid`: a letter in the panel of a
+named cell of a 3x3 grid, the tiny DeepEyes demo's tasks). Two rewards: ``exact`` (1 for the
+right ``\\boxed{}`` answer) and ``deepeyes`` (DeepEyes' ``0.8·acc − 0.2·format error +
+1.2·[zoomed and right]``, :func:`agentloop.envs.deepeyes.deepeyes_reward`).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,21 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from agentloop.envs.rewards import Reward, extract_boxed, last_assistant_text
+from agentloop.envs.deepeyes import deepeyes_reward
+from agentloop.envs.rewards import Reward, RewardFn, extract_boxed, last_assistant_text
 from agentloop.envs.zoom_env import ZoomToolEnv
+from agentloop.envs.zoom_grid import make_grid_task, render_grid_image
 from agentloop.errors import EnvError
 from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
 from agentloop.types import Message, Task
 
 __all__ = [
     "SYSTEM_PROMPT",
+    "LAYOUTS",
+    "REWARDS",
     "ZoomVQAEnv",
     "make_zoom_task",
+    "zoom_deepeyes_reward",
     "render_zoom_image",
     "zoom_reward",
 ]
@@ -27,6 +39,9 @@ SYSTEM_PROMPT = (
     "final answer as \\boxed{answer}."
 )
 _SPLITS = ("train", "test")
+#: Task layouts and rewards (``ZoomVQAEnv(layout=..., reward=...)``).
+LAYOUTS = ("scatter", "grid")
+REWARDS = ("exact", "deepeyes")
 _COLORS = {
     "red": (220, 40, 40),
     "blue": (40, 80, 220),
@@ -40,11 +55,16 @@ _WIDTH, _HEIGHT = 1024, 768
 _BOX = 56  # side of the panel that holds the detail
 
 
-def make_zoom_task(split: str, index: int) -> Task:
-    """Task ``index`` of ``split`` (deterministic). ``data`` holds the question, the answer, the
-    image size and the detail's box ``target_bbox``; :func:`render_zoom_image` draws the image."""
+def make_zoom_task(split: str, index: int, layout: str = "scatter") -> Task:
+    """Task ``index`` of ``split`` in ``layout`` (deterministic). ``data`` holds the question,
+    the answer, the image size and the detail's box ``target_bbox``; :func:`render_zoom_image`
+    draws the image."""
     if split not in _SPLITS:
         raise EnvError(f"ZoomVQA-v0 split {split!r} is unknown; use one of {_SPLITS}")
+    if layout not in LAYOUTS:
+        raise EnvError(f"ZoomVQA-v0 layout {layout!r} is unknown; use one of {LAYOUTS}")
+    if layout == "grid":
+        return make_grid_task(split, index)
     rng = random.Random(f"zoomvqa/{split}/{index}")
     color = rng.choice(sorted(_COLORS))
     x, y = rng.randrange(20, _WIDTH - _BOX - 20), rng.randrange(20, _HEIGHT - _BOX - 20)
@@ -70,6 +90,8 @@ def make_zoom_task(split: str, index: int) -> Task:
 
 def render_zoom_image(task: Task) -> Any:
     """The task's image (PIL, RGB), drawn from its data; the same task gives the same pixels."""
+    if task.data["kind"] == "grid":
+        return render_grid_image(task)
     return _render(
         task.id,
         task.data["seed"],
@@ -147,10 +169,26 @@ def zoom_reward(task: Task, messages: Sequence[Message]) -> Reward:
     )
 
 
+async def zoom_deepeyes_reward(task: Task, messages: Sequence[Message]) -> Reward:
+    """DeepEyes' reward (:func:`~agentloop.envs.deepeyes.deepeyes_reward`, rule-based) on a
+    ZoomVQA task, with ZoomVQA's tool-use metrics beside its parts (``used_tool``: a zoom
+    returned an image; ``zoom_on_target``: a zoom box covered the detail's panel)."""
+    reward = await deepeyes_reward(task, messages)
+    tool = zoom_reward(task, messages).metrics
+    metrics = {
+        **reward.metrics,
+        "used_tool": float(reward.metrics["zoom_calls"] > 0),
+        "zoom_on_target": tool["zoom_on_target"],
+    }
+    return Reward(reward.value, metrics, reward.verdict)
+
+
 class ZoomVQAEnv(ZoomToolEnv):
-    """Questions about a detail of a 1024x768 synthetic image: a 3-character code or a count of
-    dots in a small coloured panel. The user turn carries the image; ``image_zoom_in`` crops it
-    (``min_side`` / ``max_pixels`` set the crop limits)."""
+    """Questions about a detail of a large synthetic image (``layout``: ``scatter``, a
+    3-character code or a count of dots in a small coloured panel of a 1024x768 image; ``grid``,
+    :mod:`~agentloop.envs.zoom_grid`). The user turn carries the image; ``image_zoom_in`` crops
+    it (``min_side`` / ``max_pixels`` set the crop limits). ``reward``: ``exact`` or
+    ``deepeyes`` (the module docstring)."""
 
     def __init__(
         self,
@@ -158,9 +196,18 @@ class ZoomVQAEnv(ZoomToolEnv):
         max_turns: int | None = None,
         min_side: int = MIN_ZOOM_SIDE,
         max_pixels: int = MAX_ZOOM_PIXELS,
+        layout: str = "scatter",
+        reward: str = "exact",
     ) -> None:
+        if layout not in LAYOUTS or reward not in REWARDS:
+            raise EnvError(
+                f"ZoomVQA-v0 layout={layout!r}, reward={reward!r}: use a layout of {LAYOUTS} "
+                f"and a reward of {REWARDS}"
+            )
+        self.layout = layout
         tools = [zoom_tool(min_side=min_side, max_pixels=max_pixels)]
-        super().__init__(tools, zoom_reward, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
+        fn: RewardFn = zoom_deepeyes_reward if reward == "deepeyes" else zoom_reward
+        super().__init__(tools, fn, system_prompt=SYSTEM_PROMPT, max_turns=max_turns)
 
     def prompt(self, task: Task) -> list[Message]:
         image = render_zoom_image(task)
@@ -171,7 +218,7 @@ class ZoomVQAEnv(ZoomToolEnv):
 
     def tasks(self, split: str = "train", limit: int | None = None) -> list[Task]:
         n = limit if limit is not None else 10_000
-        return [make_zoom_task(split, i) for i in range(n)]
+        return [make_zoom_task(split, i, self.layout) for i in range(n)]
 
     def sample_task(self, seed: int | None) -> Task:
-        return make_zoom_task("train", seed or 0)
+        return make_zoom_task("train", seed or 0, self.layout)

@@ -86,8 +86,10 @@ class _Data:
 def _tokenize(cfg: SFTConfig, model_dir: Path) -> _Data:
     from transformers import AutoTokenizer
 
+    from agentloop.vision import vision_of
+
     d = cfg.data
-    tok = SFTTokenizer(AutoTokenizer.from_pretrained(model_dir))
+    tok = SFTTokenizer(AutoTokenizer.from_pretrained(model_dir), vision=vision_of(model_dir))
     train_convs = load_conversations(d.train)
     if d.eval is not None:
         eval_convs = load_conversations(d.eval)

@@ -3,7 +3,8 @@
 A row is ``{"messages": [...], "tools": [...]?}`` with OpenAI-style messages: ``system`` /
 ``user`` / ``assistant`` / ``tool``; an assistant message may carry ``tool_calls``
 (``[{"function": {"name", "arguments"}}]``, arguments an object or a JSON string). Other keys are
-kept as metadata and ignored.
+kept as metadata and ignored. A ``user`` or ``tool`` message's content may be a list of text and
+image parts, for a vision-language model (:mod:`agentloop.trainers.sft_images`).
 
 Tokenization goes through the rollout's :class:`~agentloop.chat.TokenBuilder`, turn by turn, so
 the ids are exactly those a rollout of the same conversation produces: the prompt with the
@@ -19,14 +20,18 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentloop.chat import TokenBuilder
 from agentloop.errors import ConfigError, TemplateError
 from agentloop.trainers.packing import TrainSeq
+from agentloop.trainers.sft_images import content_parts, load_image
 from agentloop.types import Message, ToolCall
+
+if TYPE_CHECKING:
+    from agentloop.vision import VisionProcessor
 
 __all__ = [
     "Conversation",
@@ -95,7 +100,7 @@ def _tool_calls(raw: Any, where: str, field: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def _message(raw: Any, where: str, field: str) -> Message:
+def _message(raw: Any, where: str, field: str, root: Path | None = None) -> Message:
     if not isinstance(raw, dict):
         raise _bad(where, field, f"is a {type(raw).__name__}", "give a message object")
     role = raw.get("role")
@@ -116,15 +121,19 @@ def _message(raw: Any, where: str, field: str) -> Message:
         )
     if content is None and calls:
         content = ""
+    images: tuple[str, ...] = ()
+    if isinstance(content, list) and role in ("user", "tool"):
+        content, images = content_parts(content, where, f"{field}.content", root)
     if not isinstance(content, str):
         raise _bad(
             where,
             f"{field}.content",
             f"is {type(content).__name__}",
-            "give a string (null only for an assistant message with tool_calls)",
+            "give a string (null only for an assistant message with tool_calls; a list of "
+            "text and image parts in a user or tool message)",
         )
     name, call_id = raw.get("name"), raw.get("tool_call_id")
-    return Message(role, content, calls, tool_call_id=call_id, name=name)
+    return Message(role, content, calls, tool_call_id=call_id, name=name, images=images)
 
 
 def _check_order(messages: Sequence[Message], where: str) -> None:
@@ -156,9 +165,10 @@ def _check_order(messages: Sequence[Message], where: str) -> None:
             )
 
 
-def parse_row(row: Any, where: str) -> Conversation:
+def parse_row(row: Any, where: str, root: Path | None = None) -> Conversation:
     """Check one row and return its :class:`Conversation`; errors name ``where`` (file:line),
-    the field (``messages[3].tool_calls[0].function.arguments``), the problem and the fix."""
+    the field (``messages[3].tool_calls[0].function.arguments``), the problem and the fix.
+    Image file paths are relative to ``root`` (the JSONL file's folder)."""
     if not isinstance(row, dict):
         raise _bad(
             where,
@@ -174,7 +184,7 @@ def parse_row(row: Any, where: str) -> Conversation:
             "is missing or empty",
             'give a non-empty list of {"role", "content"} messages',
         )
-    messages = tuple(_message(m, where, f"messages[{i}]") for i, m in enumerate(raw))
+    messages = tuple(_message(m, where, f"messages[{i}]", root) for i, m in enumerate(raw))
     _check_order(messages, where)
     tools = row.get("tools")
     if tools is not None and not (
@@ -207,7 +217,7 @@ def load_conversations(path: str | os.PathLike[str]) -> list[Conversation]:
                 raise _bad(
                     where, "row", f"is not valid JSON ({exc})", "fix or remove the line"
                 ) from exc
-            out.append(parse_row(row, where))
+            out.append(parse_row(row, where, p.parent))
     if not out:
         raise ConfigError(f"SFT data file {str(p)!r} holds no rows")
     return out
@@ -274,11 +284,20 @@ def assistant_text(builder: TokenBuilder, message: Message) -> str:
 
 class SFTTokenizer:
     """Conversations to :class:`TrainSeq` (``loss_mask`` 1 on assistant tokens), one
-    :class:`TokenBuilder` per distinct tool list, all on ``tokenizer``'s chat template."""
+    :class:`TokenBuilder` per distinct tool list, all on ``tokenizer``'s chat template. With
+    ``vision`` (a VLM's processor) the conversations' images expand to their placeholder runs
+    and ride on each :class:`TrainSeq` as pixel inputs, as a rollout's do."""
 
-    def __init__(self, tokenizer: Any, *, default_tools: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        default_tools: Sequence[Mapping[str, Any]] | None = None,
+        vision: VisionProcessor | None = None,
+    ):
         self.tokenizer = tokenizer
         self.default_tools = list(default_tools) if default_tools else None
+        self.vision = vision
         self._builders: dict[str, TokenBuilder] = {}
 
     def builder(self, tools: Sequence[Mapping[str, Any]] | None) -> TokenBuilder:
@@ -287,22 +306,39 @@ class SFTTokenizer:
         if key not in self._builders:
             # an SFT conversation is one sequence: a template that drops earlier <think>
             # blocks trains on them kept (and logs that it does)
-            self._builders[key] = TokenBuilder(self.tokenizer, tools=tools, thinking="keep")
+            self._builders[key] = TokenBuilder(
+                self.tokenizer, tools=tools, thinking="keep", vision=self.vision
+            )
         return self._builders[key]
 
     def model_messages(self, conv: Conversation) -> list[Message]:
         """``conv``'s messages with each assistant content replaced by :func:`assistant_text`:
         the conversation as a rollout records it (``TokenBuilder.check_text`` accepts it)."""
         builder = self.builder(conv.tools)
+        if any(m.images for m in conv.messages) and self.vision is None:
+            raise ConfigError(
+                f"{conv.source}: the conversation has images but the model is a text model; "
+                "train a vision-language model (Qwen2-VL family) on it, or drop the image parts"
+            )
         return [
             Message("assistant", assistant_text(builder, m), m.tool_calls)
             if m.role == "assistant"
-            else m
+            else self._loaded(m, conv.source)
             for m in conv.messages
         ]
 
+    @staticmethod
+    def _loaded(m: Message, where: str) -> Message:
+        if not m.images:
+            return m
+        images = tuple(load_image(i, where) if isinstance(i, str) else i for i in m.images)
+        return Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, images)
+
     def ids_and_mask(self, conv: Conversation) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of ``conv``, built exactly as the rollout loop builds them."""
+        return self._ids_mask_images(conv)[:2]
+
+    def _ids_mask_images(self, conv: Conversation) -> tuple[list[int], list[int], list[Any]]:
         builder = self.builder(conv.tools)
         eos = builder.stop_token_ids[0]
         msgs = self.model_messages(conv)
@@ -320,12 +356,24 @@ class SFTTokenizer:
                 ids += obs
                 mask += [0] * len(obs)
             i = j
-        return ids, mask
+        return ids, mask, [im for m in msgs for im in m.images]
 
     def train_seq(self, conv: Conversation) -> TrainSeq:
-        ids, mask = self.ids_and_mask(conv)
+        """The conversation as a training sequence; its images (if any) as pixel inputs."""
+        from agentloop.trainers.vlm import ImageInputs
+
+        ids, mask, images = self._ids_mask_images(conv)
         m = torch.tensor(mask, dtype=torch.float32)
         zeros = torch.zeros(len(ids))
+        pixels = None
+        if images:
+            assert self.vision is not None  # model_messages checked it
+            p = self.vision.pixel_inputs(images)
+            pixels = ImageInputs(p["pixel_values"].float(), p["image_grid_thw"].long())
         return TrainSeq(
-            torch.tensor(ids, dtype=torch.long), m, advantages=m, rollout_logprobs=zeros
+            torch.tensor(ids, dtype=torch.long),
+            m,
+            advantages=m,
+            rollout_logprobs=zeros,
+            images=pixels,
         )

@@ -1,0 +1,203 @@
+"""The tiny DeepEyes demo's own pieces: its settings, base model and scripted-expert SFT traces.
+
+The tasks are ZoomVQA-v0's ``grid`` layout (:mod:`agentloop.envs.zoom_grid`): a letter in the
+panel of a named cell of a 3x3 grid, a few pixels tall at the overview the model first sees and
+legible in a zoom on the panel. The scripted expert plays the real env: it zooms on the named
+cell's panel box (:data:`~agentloop.envs.zoom_grid.PANEL_BOXES`) and answers the letter the
+crop shows, with the crop's pixels in the trace. Imperfect on purpose, as the ReTool demo's
+typos are: a ``wrong_box_rate`` share of its episodes zoom on another cell (and answer that
+cell's letter), a ``no_zoom_rate`` share answer a guess without zooming. The cold-start SFT
+copies those habits; GRPO with DeepEyes' reward (the tool bonus only with a right answer)
+unlearns them.
+
+The base model is the tiny Qwen2.5-VL (:mod:`agentloop.models.tiny_vlm`) with an image
+processor of ``max_image_tokens`` merged patches: the 1008-px overview becomes 36 tokens
+(168 px, a sixth of its size), a zoom on a panel 9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentloop.errors import ConfigError
+
+__all__ = [
+    "ENV",
+    "ENV_KWARGS",
+    "DeepEyesDemoConfig",
+    "deepeyes_base_dir",
+    "expert_rows",
+    "make_deepeyes_traces",
+]
+
+ENV = "agentloop/ZoomVQA-v0"
+#: The demo's env: grid tasks, DeepEyes' reward, the rollout's turn limit.
+ENV_KWARGS = {"layout": "grid", "reward": "deepeyes", "max_turns": 3}
+_PATCH = 28  # a merged patch of the Qwen2-VL processor, in pixels
+
+
+@dataclass(frozen=True)
+class DeepEyesDemoConfig:
+    """The DeepEyes demo's settings (``demo:`` of ``tiny_deepeyes/demo.yaml``). Traces:
+    ``num_traces`` scripted-expert episodes of train tasks as a rollout sees them (the tool's
+    schema in the system turn) and ``num_compact`` more without it (a third of the tokens: the
+    zoom and reading skills form at a third of the cost, as the ReTool demo's compact rows do),
+    ``wrong_box_rate`` of them zooming on another cell, ``no_zoom_rate`` answering a guess
+    unzoomed. ``max_image_tokens``: the
+    base model's pixel budget per image, in merged 28x28 patches. ``min_gain``: the pass@1 gain
+    the report calls a pass, with the paired 95% CI above zero."""
+
+    out_dir: str = "runs/demo-deepeyes"
+    num_traces: int = 160
+    num_compact: int = 640
+    wrong_box_rate: float = 0.25
+    no_zoom_rate: float = 0.15
+    max_image_tokens: int = 36
+    seed: int = 0
+    threads: int = 2
+    min_gain: float = 0.10
+
+    def __post_init__(self) -> None:
+        rates = (self.wrong_box_rate, self.no_zoom_rate)
+        if not all(0.0 <= r <= 1.0 for r in rates) or sum(rates) > 1.0:
+            raise ConfigError(
+                f"demo.wrong_box_rate={self.wrong_box_rate} and demo.no_zoom_rate="
+                f"{self.no_zoom_rate} must each be in [0, 1] and sum to at most 1"
+            )
+        if self.num_traces < 1 or self.num_compact < 0 or self.max_image_tokens < 4:
+            raise ConfigError(
+                f"demo.num_traces={self.num_traces} (>= 1), demo.num_compact={self.num_compact} "
+                f"(>= 0), demo.max_image_tokens="
+                f"{self.max_image_tokens} (>= 4)"
+            )
+        if not 0.0 <= self.min_gain <= 1.0 or self.threads < 1:
+            raise ConfigError(
+                f"demo.min_gain={self.min_gain} must be in [0, 1] and demo.threads="
+                f"{self.threads} >= 1"
+            )
+
+
+def deepeyes_base_dir(demo: DeepEyesDemoConfig) -> Path:
+    """The random-init tiny VLM with the demo's pixel budget, built once next to the tiny VLM."""
+    from agentloop.cache import cached_build
+    from agentloop.models.tiny_vlm import tiny_vlm_dir
+
+    vlm = tiny_vlm_dir()
+    target = vlm.parent / f"{vlm.name}-px{demo.max_image_tokens}"
+
+    def build(out: Path) -> None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        for f in vlm.iterdir():
+            if f.is_file() and f.name != "preprocessor_config.json":
+                shutil.copy2(f, out / f.name)
+        budget = demo.max_image_tokens * _PATCH * _PATCH
+        Qwen2VLImageProcessorPil(min_pixels=4 * _PATCH * _PATCH, max_pixels=budget).save_pretrained(
+            out
+        )
+
+    return cached_build(target, build)
+
+
+def _data_uri(image: Any) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _row_message(m: Any) -> dict[str, Any]:
+    """A message as an SFT row writes it: images as data-URI parts before the text."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.images:
+        parts = [{"type": "image", "image": _data_uri(im)} for im in m.images]
+        out["content"] = [*parts, {"type": "text", "text": m.content}]
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "function": {"name": c.name, "arguments": dict(c.arguments)}}
+            for c in m.tool_calls
+        ]
+    for key in ("tool_call_id", "name"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    return out
+
+
+async def _episode(
+    env: Any, task: Any, habit: str, rng: random.Random, *, tools: bool
+) -> dict[str, Any]:
+    """One scripted episode through the env: zoom (on the named cell, or on another) and
+    answer the crop's letter, or (``habit == "guess"``) answer a random letter unzoomed."""
+    from agentloop.envs.zoom_grid import GRID_LETTERS, PANEL_BOXES
+    from agentloop.types import Message, ToolCall
+
+    messages, _ = await env.reset(options={"task": task})
+    cell = tuple(task.data["cell"])
+    letters = task.data["letters"]
+    history = list(messages)
+    if habit == "guess":
+        answer = rng.choice(GRID_LETTERS)
+    else:
+        if habit == "wrong_box":
+            cell = rng.choice([c for c in PANEL_BOXES if c != cell])
+        call = ToolCall("image_zoom_in", {"bbox_2d": PANEL_BOXES[cell]}, id="call_0")
+        action = Message("assistant", "", (call,))
+        step = await env.step(action)
+        history += [action, *step.observation]
+        answer = letters[(cell[0] - 1) * 3 + cell[1] - 1]
+    final = Message("assistant", f"\\boxed{{{answer}}}")
+    result = await env.step(final)
+    assert result.terminated, "an answer without a tool call ends a ZoomVQA episode"
+    history.append(final)
+    return {
+        "messages": [_row_message(m) for m in history],
+        **({"tools": env.tool_schemas} if tools else {}),
+        "task_id": task.id,
+        "habit": habit,
+        "reward": result.reward,
+    }
+
+
+async def expert_rows(demo: DeepEyesDemoConfig) -> list[dict[str, Any]]:
+    """The scripted expert's episodes (SFT rows) on the first ``num_traces + num_compact``
+    train tasks, the first ``num_traces`` with the tool schema."""
+    from agentloop.envs import make
+
+    rng = random.Random(f"deepeyes-traces/{demo.seed}")
+    env = make(ENV, **ENV_KWARGS)
+    rows = []
+    try:
+        for i, task in enumerate(env.tasks("train", demo.num_traces + demo.num_compact)):
+            u = rng.random()
+            habit = (
+                "wrong_box"
+                if u < demo.wrong_box_rate
+                else "guess"
+                if u < demo.wrong_box_rate + demo.no_zoom_rate
+                else "expert"
+            )
+            rows.append(await _episode(env, task, habit, rng, tools=i < demo.num_traces))
+    finally:
+        await env.close()
+    return rows
+
+
+def make_deepeyes_traces(demo: DeepEyesDemoConfig, path: Path) -> Path:
+    """Play the scripted expert through ZoomVQA-v0 into the SFT traces file ``path``."""
+    rows = asyncio.run(expert_rows(demo))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    habits = {h: sum(r["habit"] == h for r in rows) for h in ("expert", "wrong_box", "guess")}
+    print(f"played {len(rows)} scripted ZoomVQA-v0 grid episodes into {path}: {habits}")
+    return path
