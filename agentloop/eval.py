@@ -95,8 +95,10 @@ class EvalConfig:
     resume: bool = False
     """Continue the run in ``out``: it needs the same config hash, model, split and seed, and
     may raise ``n`` or ``num_tasks`` to extend it."""
-    pass_threshold: float = 1.0
-    """An episode counts as a success (pass@k) when its reward is at least this."""
+    pass_threshold: float | None = None
+    """An episode counts as a success (pass@k) when its reward is at least this; ``None``: when
+    the env's verdict says its answer is right (envs that grade an answer, whose reward may pay
+    more than correctness: DeepEyes' tool bonus), else when its reward is at least 1."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Episode limits and sampling, as in training."""
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)

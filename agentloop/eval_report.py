@@ -33,6 +33,8 @@ __all__ = [
     "EvalSummary",
     "compare_runs",
     "group_episodes",
+    "is_success",
+    "record_is_success",
     "is_final_segment",
     "print_comparison",
     "print_summary",
@@ -110,6 +112,23 @@ class EvalSummary:
         return cls(**fields)
 
 
+def is_success(t: Trajectory, pass_threshold: float | None = None) -> bool:
+    """Whether an episode counts as a success (pass@k): its reward is at least
+    ``pass_threshold``; with ``None``, its verdict says the answer is right (an env that grades
+    an answer), else its reward is at least 1."""
+    if pass_threshold is None and t.verdict is not None:
+        return t.verdict.correct
+    return t.reward >= (1.0 if pass_threshold is None else pass_threshold)
+
+
+def record_is_success(record: Mapping[str, Any]) -> bool:
+    """:func:`is_success` (default threshold) of a stored trajectory record (:func:`read_run`)."""
+    verdict = record.get("verdict")
+    if verdict:
+        return bool(verdict["correct"])
+    return float(record["reward"]) >= 1.0
+
+
 def _nan_to_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -125,7 +144,7 @@ def summarize(
     model: str,
     split: str,
     samples_per_task: int,
-    pass_threshold: float,
+    pass_threshold: float | None,
     config_hash: str,
     tokens_per_s: float | None = None,
     elapsed_s: float = 0.0,
@@ -141,7 +160,7 @@ def summarize(
     by_task: defaultdict[str, list[Trajectory]] = defaultdict(list)
     for t in finals:
         by_task[t.task_id].append(t)
-    success = [(len(g), sum(t.reward >= pass_threshold for t in g)) for g in by_task.values()]
+    success = [(len(g), sum(is_success(t, pass_threshold) for t in g)) for g in by_task.values()]
     calls = sum(t.metrics.get("tool_calls", 0.0) for segs in played for t in segs)
     kinds = _tool_error_kinds(finals)
     has_answers = any("answer_key" in r for r in records)

@@ -119,7 +119,13 @@ def _add_run_flags(add: Callable[..., object]) -> None:
         default=1,
         help="processes the rollout loop runs in, the engine staying in this one (default: 1)",
     )
-    add("--pass-threshold", type=float, default=1.0, help="reward counted as a pass (default: 1)")
+    add(
+        "--pass-threshold",
+        type=float,
+        default=None,
+        help="reward counted as a pass (default: the env's verdict of the answer where it gives "
+        "one, else a reward of 1)",
+    )
     add(
         "--max-failed-share",
         type=float,

@@ -21,6 +21,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -28,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.errors import ConfigError
+from agentloop.models.demo_config import DemoConfig, DemoConfigs, DemoFamily, override
 
 __all__ = [
+    "DEEPEYES",
     "ENV",
     "ENV_KWARGS",
-    "DeepEyesDemoConfig",
+    "ZoomDemoConfig",
     "deepeyes_base_dir",
     "expert_rows",
     "make_deepeyes_traces",
@@ -45,7 +48,7 @@ _PATCH = 28  # a merged patch of the Qwen2-VL processor, in pixels
 
 
 @dataclass(frozen=True)
-class DeepEyesDemoConfig:
+class ZoomDemoConfig(DemoConfig):
     """The DeepEyes demo's settings (``demo:`` of ``tiny_deepeyes/demo.yaml``). Traces:
     ``num_traces`` scripted-expert episodes of train tasks as a rollout sees them (the tool's
     schema in the system turn) and ``num_compact`` more without it (a third of the tokens: the
@@ -55,17 +58,14 @@ class DeepEyesDemoConfig:
     base model's pixel budget per image, in merged 28x28 patches. ``min_gain``: the pass@1 gain
     the report calls a pass, with the paired 95% CI above zero."""
 
-    out_dir: str = "runs/demo-deepeyes"
     num_traces: int = 160
     num_compact: int = 640
     wrong_box_rate: float = 0.25
     no_zoom_rate: float = 0.15
     max_image_tokens: int = 36
-    seed: int = 0
-    threads: int = 2
-    min_gain: float = 0.10
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         rates = (self.wrong_box_rate, self.no_zoom_rate)
         if not all(0.0 <= r <= 1.0 for r in rates) or sum(rates) > 1.0:
             raise ConfigError(
@@ -78,20 +78,23 @@ class DeepEyesDemoConfig:
                 f"(>= 0), demo.max_image_tokens="
                 f"{self.max_image_tokens} (>= 4)"
             )
-        if not 0.0 <= self.min_gain <= 1.0 or self.threads < 1:
-            raise ConfigError(
-                f"demo.min_gain={self.min_gain} must be in [0, 1] and demo.threads="
-                f"{self.threads} >= 1"
-            )
 
 
-def deepeyes_base_dir(demo: DeepEyesDemoConfig) -> Path:
+def _base_path(demo: ZoomDemoConfig) -> Path:
+    """Where :func:`deepeyes_base_dir` keeps the base model (built there or not)."""
+    from agentloop.models.tiny_vlm import DEFAULT_VLM_CACHE_DIR, VLM_ENV_VAR
+
+    vlm = Path(os.environ.get(VLM_ENV_VAR) or DEFAULT_VLM_CACHE_DIR).expanduser()
+    return vlm.parent / f"{vlm.name}-px{demo.max_image_tokens}"
+
+
+def deepeyes_base_dir(demo: ZoomDemoConfig) -> Path:
     """The random-init tiny VLM with the demo's pixel budget, built once next to the tiny VLM."""
     from agentloop.cache import cached_build
     from agentloop.models.tiny_vlm import tiny_vlm_dir
 
     vlm = tiny_vlm_dir()
-    target = vlm.parent / f"{vlm.name}-px{demo.max_image_tokens}"
+    target = _base_path(demo)
 
     def build(out: Path) -> None:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -167,7 +170,7 @@ async def _episode(
     }
 
 
-async def expert_rows(demo: DeepEyesDemoConfig) -> list[dict[str, Any]]:
+async def expert_rows(demo: ZoomDemoConfig) -> list[dict[str, Any]]:
     """The scripted expert's episodes (SFT rows) on the first ``num_traces + num_compact``
     train tasks, the first ``num_traces`` with the tool schema."""
     from agentloop.envs import make
@@ -191,7 +194,7 @@ async def expert_rows(demo: DeepEyesDemoConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def make_deepeyes_traces(demo: DeepEyesDemoConfig, path: Path) -> Path:
+def make_deepeyes_traces(demo: ZoomDemoConfig, path: Path) -> Path:
     """Play the scripted expert through ZoomVQA-v0 into the SFT traces file ``path``."""
     rows = asyncio.run(expert_rows(demo))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,3 +204,31 @@ def make_deepeyes_traces(demo: DeepEyesDemoConfig, path: Path) -> Path:
     habits = {h: sum(r["habit"] == h for r in rows) for h in ("expert", "wrong_box", "guess")}
     print(f"played {len(rows)} scripted ZoomVQA-v0 grid episodes into {path}: {habits}")
     return path
+
+
+def _sft_overrides(demo: ZoomDemoConfig) -> tuple[str, ...]:
+    return (override("model.path", str(_base_path(demo))),)
+
+
+def _check(configs: DemoConfigs[ZoomDemoConfig]) -> None:
+    data = configs.grpo.data
+    given = {k: data.env_kwargs.get(k) for k in ("layout", "reward")}
+    if data.env != ENV or given != {"layout": "grid", "reward": "deepeyes"}:
+        raise ConfigError(
+            f"grpo data.env={data.env!r} with env_kwargs {dict(data.env_kwargs)}: the DeepEyes "
+            f"demo's traces are {ENV} grid tasks, so RL must play them too; set data.env={ENV} "
+            "and data.env_kwargs {layout: grid, reward: deepeyes}"
+        )
+
+
+DEEPEYES = DemoFamily(
+    name="deepeyes",
+    title="tiny DeepEyes on ZoomVQA-v0 grid tasks",
+    tool="image_zoom_in",
+    settings=ZoomDemoConfig,
+    base_model=deepeyes_base_dir,
+    make_traces=make_deepeyes_traces,
+    model_name="tiny-zoom",
+    sft_overrides=_sft_overrides,
+    check=_check,
+)

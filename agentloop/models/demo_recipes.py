@@ -9,12 +9,13 @@ from typing import Any
 
 from agentloop.errors import ConfigError
 from agentloop.models.demo_config import DemoConfigs, DemoFamily, load_family_configs
+from agentloop.models.demo_deepeyes import DEEPEYES
 from agentloop.models.demo_retool import RETOOL
 
 __all__ = ["DEFAULT_FAMILY", "FAMILIES", "family_named", "load_demo_configs"]
 
 #: Every demo family; each one's shipped recipe is ``agentloop/trainers/configs/tiny_<name>/``.
-FAMILIES: dict[str, DemoFamily[Any]] = {f.name: f for f in (RETOOL,)}
+FAMILIES: dict[str, DemoFamily[Any]] = {f.name: f for f in (RETOOL, DEEPEYES)}
 DEFAULT_FAMILY = RETOOL.name
 
 

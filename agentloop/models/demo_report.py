@@ -16,6 +16,7 @@ from agentloop.eval_report import (
     compare_runs,
     print_comparison,
     read_run,
+    record_is_success,
 )
 from agentloop.trainers.metrics import read_metrics
 
@@ -49,7 +50,7 @@ def _summary(run: Path) -> EvalSummary:
 
 def tool_use_of_correct(run: Path) -> float:
     """Share of the run's correct episodes that called the tool (NaN if none was correct)."""
-    correct = [r for r in read_run(run) if r["reward"] >= 1.0]
+    correct = [r for r in read_run(run) if record_is_success(r)]
     if not correct:
         return float("nan")
     return sum(1 for r in correct if r["metrics"].get("used_tool", 0.0) > 0) / len(correct)
