@@ -34,6 +34,7 @@ __all__ = [
     "compare_runs",
     "group_episodes",
     "is_success",
+    "pass_ci",
     "record_is_success",
     "is_final_segment",
     "print_comparison",
@@ -341,9 +342,14 @@ def compare_runs(
     n_resamples: int = 10_000,
     seed: int = 0,
     confidence: float = 0.95,
+    by: str = "reward",
 ) -> Comparison:
-    """Compare eval runs ``a`` and ``b`` (run directories) on their common tasks."""
-    means_a, means_b = _task_means(Path(a)), _task_means(Path(b))
+    """Compare eval runs ``a`` and ``b`` (run directories) on their common tasks: each task's
+    mean reward (``by="reward"``) or its share of successes (``by="pass"``, :func:`is_success`:
+    pass@1 per task, where a reward pays more than correctness)."""
+    if by not in ("reward", "pass"):
+        raise ConfigError(f"compare_runs(by={by!r}): compare by 'reward' or 'pass'")
+    means_a, means_b = _task_means(Path(a), by), _task_means(Path(b), by)
     common = sorted(means_a.keys() & means_b.keys())
     if len(common) < 2:
         raise ConfigError(
@@ -378,11 +384,18 @@ def compare_runs(
     )
 
 
-def _task_means(run: Path) -> dict[str, float]:
-    rewards: defaultdict[str, list[float]] = defaultdict(list)
+def _task_means(run: Path, by: str = "reward") -> dict[str, float]:
+    values: defaultdict[str, list[float]] = defaultdict(list)
     for r in read_run(run):
-        rewards[r["task_id"]].append(float(r["reward"]))
-    return {t: sum(v) / len(v) for t, v in rewards.items()}
+        values[r["task_id"]].append(
+            float(r["reward"]) if by == "reward" else float(record_is_success(r))
+        )
+    return {t: sum(v) / len(v) for t, v in values.items()}
+
+
+def pass_ci(run: str | os.PathLike[str]) -> Estimate:
+    """Pass@1 of an eval run (:func:`is_success`, default threshold) with its 95% CI over tasks."""
+    return mean_ci(list(_task_means(Path(run), "pass").values()))
 
 
 def _run_config(run: Path) -> dict[str, Any]:
