@@ -33,14 +33,14 @@ __all__ = [
     "EvalSummary",
     "compare_runs",
     "group_episodes",
+    "is_final_segment",
     "is_success",
     "pass_ci",
-    "record_is_success",
-    "is_final_segment",
     "print_comparison",
     "print_summary",
     "read_episodes",
     "read_run",
+    "record_is_success",
     "summarize",
 ]
 

@@ -23,13 +23,13 @@ from agentloop.tools.zoom import MAX_ZOOM_PIXELS, MIN_ZOOM_SIDE, zoom_tool
 from agentloop.types import Message, Task
 
 __all__ = [
-    "SYSTEM_PROMPT",
     "LAYOUTS",
     "REWARDS",
+    "SYSTEM_PROMPT",
     "ZoomVQAEnv",
     "make_zoom_task",
-    "zoom_deepeyes_reward",
     "render_zoom_image",
+    "zoom_deepeyes_reward",
     "zoom_reward",
 ]
 

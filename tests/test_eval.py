@@ -283,6 +283,34 @@ def test_compare_verdicts(tmp_path: Path) -> None:
     assert compare_runs(a, _write_run(tmp_path / "noisy", noisy)).verdict.startswith("no signif")
 
 
+def test_compare_by_pass_reads_the_verdict_not_the_reward(tmp_path: Path) -> None:
+    """DeepEyes-style rewards (2.0 right with the tool, 0.8 right without, 0 wrong): by reward
+    the second run looks worse, by pass@1 (the env's verdict) it is the same; pass_ci agrees."""
+    import dataclasses
+
+    from agentloop.eval_report import pass_ci
+    from agentloop.types import Verdict
+
+    def run(name: str, right_reward: float) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        with JsonlWriter(out / "trajectories.jsonl") as w:
+            for t in range(12):
+                right = t % 3 != 0
+                v = Verdict("K", "K" if right else "L", right, "rule", "")
+                traj = _traj(f"t{t}", 0, right_reward if right else 0.0)
+                w.write(trajectory_to_dict(dataclasses.replace(traj, verdict=v)))
+        return out
+
+    zoomed, unzoomed = run("zoomed", 2.0), run("unzoomed", 0.8)
+    assert compare_runs(zoomed, unzoomed).result.mean_diff < -0.5
+    by_pass = compare_runs(zoomed, unzoomed, by="pass")
+    assert by_pass.result.mean_diff == 0.0 and by_pass.mean_a == pytest.approx(8 / 12)
+    assert pass_ci(unzoomed).mean == pytest.approx(8 / 12)
+    with pytest.raises(ConfigError, match="by='f1'"):
+        compare_runs(zoomed, unzoomed, by="f1")
+
+
 def test_compare_warns_when_configs_differ(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,7 +24,11 @@ def test_the_deepeyes_recipe_wires_the_zoom_tasks(
     assert cfg.sft.model.path == str(tmp_path / "vlm-px16")  # the base VLM of that budget
     assert cfg.sft.data.train == "/tmp/z/traces.jsonl" and cfg.grpo.model.path == "/tmp/z/sft/model"
     assert cfg.grpo.data.env == "agentloop/ZoomVQA-v0" and cfg.grpo.engine.backend == "hf"
-    assert dict(cfg.grpo.data.env_kwargs) == {"layout": "grid", "reward": "deepeyes", "max_turns": 3}
+    assert dict(cfg.grpo.data.env_kwargs) == {
+        "layout": "grid",
+        "reward": "deepeyes",
+        "max_turns": 3,
+    }
     assert cfg.grpo.data.env_kwargs["max_turns"] == cfg.grpo.rollout.max_turns
     with pytest.raises(ConfigError, match=r"RL must play them too"):
         load_demo_configs(["grpo.data.env_kwargs.reward=exact"], "deepeyes")

@@ -1,4 +1,4 @@
-"""ZoomVQA-v0's grid layout and DeepEyes reward: the DeepEyes demo's tasks, played through the env."""
+"""ZoomVQA-v0's grid layout and DeepEyes reward: the DeepEyes demo's tasks, through the env."""
 
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ def test_a_success_is_the_verdict_of_the_answer_where_the_env_gives_one() -> Non
     from agentloop.types import Verdict
 
     def traj(reward: float, correct: bool | None) -> Trajectory:
-        verdict = None if correct is None else Verdict("K", "K" if correct else "L", correct, "r", "")
+        verdict = (
+            None if correct is None else Verdict("K", "K" if correct else "L", correct, "r", "")
+        )
         return Trajectory(
             task_id="t", token_ids=(1, 2), loss_mask=(0, 1), logprobs=(0.0, -1.0), prompt_len=1,
             reward=reward, stop_reason=StopReason.DONE, verdict=verdict,
