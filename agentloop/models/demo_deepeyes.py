@@ -223,7 +223,7 @@ def _check(configs: DemoConfigs[ZoomDemoConfig]) -> None:
 
 DEEPEYES = DemoFamily(
     name="deepeyes",
-    title="tiny DeepEyes on ZoomVQA-v0 grid tasks",
+    title="tiny DeepEyes on ZoomVQA-v0",
     tool="image_zoom_in",
     settings=ZoomDemoConfig,
     base_model=deepeyes_base_dir,
