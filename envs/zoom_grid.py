@@ -78,8 +78,8 @@ def make_grid_task(split: str, index: int) -> Task:
 
 def render_grid_image(task: Task) -> Any:
     """The grid task's image (PIL, RGB); the same task gives the same pixels."""
-    offsets = tuple(tuple(o) for o in task.data["offsets"])
-    return _render(task.data["letters"], offsets).copy()  # type: ignore[arg-type]
+    offsets = tuple((int(dx), int(dy)) for dx, dy in task.data["offsets"])
+    return _render(task.data["letters"], offsets).copy()
 
 
 @functools.lru_cache(maxsize=16)
