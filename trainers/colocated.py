@@ -10,6 +10,7 @@ policy are collective: the driver calls them on every rank at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ import torch
 
 from agentloop.engines.base import SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
+from agentloop.trainers.lora_config import LoraConfig
 from agentloop.trainers.packing import TrainSeq
 from agentloop.trainers.weight_push import PushGroup, buckets, stream
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
@@ -121,8 +123,9 @@ class ColocatedWorker:
             self._owns_group = init_distributed()
         self.rank = rank
         self.policy = PolicyWorker(self.spec.model_dir, self.spec.actor)
-        if self.spec.with_ref:
-            self.ref = PolicyWorker(self.spec.model_dir, self.spec.actor)
+        if self.spec.with_ref:  # the base model itself: a LoRA policy's reference has no adapters
+            ref_actor = dataclasses.replace(self.spec.actor, lora=LoraConfig())
+            self.ref = PolicyWorker(self.spec.model_dir, ref_actor)
 
     async def close(self) -> None:
         """Stop the engine and leave the process group (if this worker created it)."""
