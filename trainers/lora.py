@@ -47,11 +47,8 @@ def lora_targets(model: PreTrainedModel, cfg: LoraConfig) -> list[str]:
     the model's linear layers."""
     tower = vision_tower(model)
     skip = {id(m) for m in tower.modules()} if tower is not None else set()
-    tied = (
-        model.get_output_embeddings()
-        if model.config.get_text_config().tie_word_embeddings
-        else None
-    )
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head if head is not None and head.weight is embed.weight else None
     found: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and id(module) not in skip and module is not tied:
