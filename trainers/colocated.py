@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from agentloop.engines.base import SamplingParams, generate
+from agentloop.engines.base import AdapterEngine, SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
 from agentloop.trainers.lora_config import LoraConfig
 from agentloop.trainers.packing import TrainSeq
@@ -178,10 +178,21 @@ class ColocatedWorker:
         The weights stream into the engine, which casts each into its own dtype as it packs
         it and loads them chunk by chunk (``engine.weight_chunk_bytes``): on one rank they are
         the live parameters, and the extra memory is one packed chunk whatever the model's
-        size (on several, one bucket of gathered tensors more)."""
+        size (on several, one bucket of gathered tensors more). A LoRA policy whose engine
+        serves an adapter (``engine.lora_rank``) sends the adapter alone, which the engine
+        reloads in place; with any other engine it sends the merged weights."""
         if self.engine is None:
             return {}
-        gathered = stream(buckets(self._policy().state_dict_for_inference()), self._torch)
+        policy, engine = self._policy(), self.engine
+        if policy.lora is not None and isinstance(engine, AdapterEngine) and engine.serves_lora:
+            adapter = await self._torch(policy.adapter_weights)
+            stats = await engine.update_adapter(adapter, version=version, interrupt=interrupt)
+            return {
+                "sync/bytes": float(stats.num_bytes),
+                "sync/tensors": float(stats.num_tensors),
+                "sync/engine_load_s": stats.load_s,
+            }
+        gathered = stream(buckets(policy.state_dict_for_inference()), self._torch)
         try:
             stats = await self.engine.update_weights(gathered, version=version, interrupt=interrupt)
         finally:

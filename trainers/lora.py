@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -139,6 +140,21 @@ class LoraAdapters:
             for kind, param in (("lora_A", adapted.a), ("lora_B", adapted.b)):
                 yield f"base_model.model.{layer}.{kind}.weight", gather(param).detach()
 
+    def peft_config(self, base: str | os.PathLike[str] | None) -> dict[str, Any]:
+        """``adapter_config.json`` of the adapter (PEFT's ``LoraConfig``)."""
+        from peft import LoraConfig as PeftLoraConfig
+
+        cfg = PeftLoraConfig(
+            r=self.cfg.rank,
+            lora_alpha=self.cfg.alpha,
+            lora_dropout=self.cfg.dropout,
+            target_modules=self.targets,
+            bias="none",
+            base_model_name_or_path=None if base is None else str(base),
+        )
+        config: dict[str, Any] = cfg.to_dict()
+        return config
+
     def save_adapter(
         self,
         out: Path,
@@ -152,15 +168,7 @@ class LoraAdapters:
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
-        peft_cfg = PeftLoraConfig(
-            r=self.cfg.rank,
-            lora_alpha=self.cfg.alpha,
-            lora_dropout=self.cfg.dropout,
-            target_modules=self.targets,
-            bias="none",
-            base_model_name_or_path=None if base is None else str(base),
-        )
-        peft_cfg.save_pretrained(str(out))
+        PeftLoraConfig(**self.peft_config(base)).save_pretrained(str(out))
         meta = {"format": "pt", "agentloop_base_fingerprint": fingerprint}
         save_file(
             {k: v.contiguous() for k, v in tensors.items()}, out / "adapter_model.safetensors", meta

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import PretrainedConfig, PreTrainedModel
 
+from agentloop.engines.base import AdapterWeights
 from agentloop.errors import ConfigError
 from agentloop.hf_names import CheckpointNames
 from agentloop.trainers.dist import all_reduce_max, all_reduce_sum, init_distributed
@@ -369,6 +370,15 @@ class PolicyWorker:
         """A digest of the frozen base weights under LoRA (see
         :func:`~agentloop.trainers.lora.base_fingerprint`); collective."""
         return base_fingerprint(self.model, self.device)
+
+    def adapter_weights(self) -> AdapterWeights:
+        """The LoRA adapter in PEFT's format, its full tensors in the CPU memory of every rank
+        (for a LoRA engine's in-place update); collective."""
+        if self.lora is None:
+            raise ConfigError("adapter_weights needs a LoRA policy (actor.lora.rank > 0)")
+        with torch.no_grad():
+            tensors = {k: v.cpu() for k, v in self.lora.adapter_tensors(full_tensor)}
+        return AdapterWeights(tensors, self.lora.peft_config(self.source_dir))
 
     def save_adapter(self, path: str | os.PathLike[str]) -> None:
         """Write the LoRA adapter alone as a PEFT adapter dir (rank 0 writes; collective)."""
