@@ -33,7 +33,7 @@ __all__ = [
     "apply_lora",
     "base_fingerprint",
     "lora_targets",
-    "peft_adapter_name",
+    "store_base_in",
 ]
 
 ADAPTER = "default"
@@ -87,13 +87,18 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, *, seed: int) -> None:
     model.agentloop_lora_targets = targets  # type: ignore[assignment]
 
 
+def store_base_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Keep the frozen base weights in ``dtype`` (the compute dtype, e.g. bf16 on a GPU): they
+    get no update, so an fp32 master copy would only double their memory (a 7B base: 15 GB
+    instead of 30 GB); the adapters stay fp32 master weights."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not _is_adapter(name):
+                param.data = param.data.to(dtype)
+
+
 def _is_adapter(name: str) -> bool:
     return any(part.startswith("lora_") for part in name.split("."))
-
-
-def peft_adapter_name(name: str) -> str:
-    """The key PEFT saves an adapter tensor under (``adapter_model.safetensors``)."""
-    return "base_model.model." + name.replace(f".{ADAPTER}.", ".")
 
 
 @dataclass(frozen=True)
@@ -131,8 +136,8 @@ class LoraAdapters:
         adapted = self.layers.get(layer) if leaf == "weight" else None
         if adapted is None:
             return full
-        delta = gather(adapted.b).detach() @ gather(adapted.a).detach()
-        return full + delta.to(full.dtype) * self.cfg.scaling
+        delta = gather(adapted.b).detach().float() @ gather(adapted.a).detach().float()
+        return full.float() + delta * self.cfg.scaling  # fp32 even over a bf16 base
 
     def adapter_tensors(self, gather: Gather) -> Iterator[tuple[str, torch.Tensor]]:
         """``(PEFT key, full tensor)`` of every adapter matrix, in layer order."""

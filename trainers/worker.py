@@ -21,7 +21,7 @@ from agentloop.errors import ConfigError
 from agentloop.hf_names import CheckpointNames
 from agentloop.trainers.dist import all_reduce_max, all_reduce_sum, init_distributed
 from agentloop.trainers.logprobs import token_logprobs
-from agentloop.trainers.lora import LoraAdapters, apply_lora, base_fingerprint
+from agentloop.trainers.lora import LoraAdapters, apply_lora, base_fingerprint, store_base_in
 from agentloop.trainers.losses import agg_loss, kl_penalty, policy_loss
 from agentloop.trainers.packing import (
     MicroBatch,
@@ -89,6 +89,8 @@ class PolicyWorker:
             freeze_vision(loaded)
         if cfg.lora.enabled:
             apply_lora(loaded, cfg.lora, seed=cfg.seed)
+            if self.device.type == "cuda" and cfg.dtype == "bfloat16":
+                store_base_in(loaded, torch.bfloat16)
         self.model = shard_model(loaded, cfg, self.device, self.world_size)
         self.lora = LoraAdapters(self.model, cfg.lora) if cfg.lora.enabled else None
         self._checkpoint_names = CheckpointNames(self.model)
