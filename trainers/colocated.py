@@ -185,7 +185,7 @@ class ColocatedWorker:
             return {}
         policy, engine = self._policy(), self.engine
         if policy.lora is not None and isinstance(engine, AdapterEngine) and engine.serves_lora:
-            adapter = await self._torch(policy.adapter_weights)
+            adapter = await self._torch(policy.adapter_weights, engine.weight_dtype)
             stats = await engine.update_adapter(adapter, version=version, interrupt=interrupt)
             return {
                 "sync/bytes": float(stats.num_bytes),

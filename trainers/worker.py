@@ -373,13 +373,15 @@ class PolicyWorker:
         :func:`~agentloop.trainers.lora.base_fingerprint`); collective."""
         return base_fingerprint(self.model, self.device)
 
-    def adapter_weights(self) -> AdapterWeights:
+    def adapter_weights(self, dtype: torch.dtype | None = None) -> AdapterWeights:
         """The LoRA adapter in PEFT's format, its full tensors in the CPU memory of every rank
-        (for a LoRA engine's in-place update); collective."""
+        (for a LoRA engine's in-place update), converted to ``dtype`` (the engine's) if given;
+        collective."""
         if self.lora is None:
             raise ConfigError("adapter_weights needs a LoRA policy (actor.lora.rank > 0)")
         with torch.no_grad():
-            tensors = {k: v.cpu() for k, v in self.lora.adapter_tensors(full_tensor)}
+            named = self.lora.adapter_tensors(full_tensor)
+            tensors = {k: v.to(device="cpu", dtype=dtype) for k, v in named}
         return AdapterWeights(tensors, self.lora.peft_config(self.source_dir))
 
     def save_adapter(self, path: str | os.PathLike[str]) -> None:

@@ -140,6 +140,11 @@ class AdapterEngine(Protocol):
         """Whether this engine was started with a LoRA slot (``lora_rank > 0``)."""
         ...
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype an adapter update should arrive in (the engine's)."""
+        ...
+
     async def update_adapter(
         self, adapter: AdapterWeights, *, version: int | None = None, interrupt: bool = False
     ) -> WeightSyncStats:

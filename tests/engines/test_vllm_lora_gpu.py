@@ -75,7 +75,7 @@ async def test_the_adapter_alone_is_synced_and_served_in_place(tiny_model_dir: P
             assert w.engine is not None and w.engine.version == step
             policy = w.policy
             assert policy is not None and policy.lora is not None
-            adapter = policy.adapter_weights()
+            adapter = policy.adapter_weights(torch.bfloat16)  # the engine's dtype
             assert stats["sync/bytes"] == adapter.num_bytes  # the adapter, not the model
             full = sum(p.numel() * 2 for _, p in policy.state_dict_for_inference())
             assert stats["sync/bytes"] < full / 10
