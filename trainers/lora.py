@@ -103,8 +103,8 @@ def _is_adapter(name: str) -> bool:
 
 @dataclass(frozen=True)
 class _Adapted:
-    a: torch.nn.Parameter
-    b: torch.nn.Parameter
+    a: torch.Tensor
+    b: torch.Tensor
 
 
 class LoraAdapters:
@@ -117,7 +117,9 @@ class LoraAdapters:
         for name, module in model.named_modules():
             lora_a = getattr(module, "lora_A", None)
             if isinstance(lora_a, torch.nn.ModuleDict) and ADAPTER in lora_a:
-                self.layers[name] = _Adapted(lora_a[ADAPTER].weight, module.lora_B[ADAPTER].weight)
+                a, b = lora_a[ADAPTER].weight, module.lora_B[ADAPTER].weight
+                assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                self.layers[name] = _Adapted(a, b)
         self.targets: list[str] = list(getattr(model, "agentloop_lora_targets", self.layers))
 
     def inference_name(self, name: str) -> str | None:
@@ -157,7 +159,7 @@ class LoraAdapters:
             bias="none",
             base_model_name_or_path=None if base is None else str(base),
         )
-        config: dict[str, Any] = cfg.to_dict()
+        config: dict[str, Any] = cfg.to_dict()  # type: ignore[no-untyped-call]  # PEFT's own
         return config
 
     def save_adapter(

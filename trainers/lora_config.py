@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from agentloop.errors import ConfigError
@@ -32,8 +31,9 @@ class LoraConfig:
 
     rank: int = 0
     """Adapter rank r (>= 0); 0: LoRA off, the whole model trains."""
-    alpha: float = 32.0
-    """Scale numerator: the adapter's update is multiplied by ``alpha / rank`` (> 0)."""
+    alpha: int = 32
+    """Scale numerator, an integer (PEFT's ``lora_alpha``): the adapter's update is multiplied
+    by ``alpha / rank`` (> 0)."""
     dropout: float = 0.0
     """Dropout on the adapter's input in training, in [0, 1)."""
     target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
@@ -54,10 +54,8 @@ class LoraConfig:
 
         if not (isinstance(self.rank, int) and self.rank >= 0):
             raise bad("rank", "must be an integer >= 0 (e.g. 16); 0 turns LoRA off")
-        if not (isinstance(self.alpha, int | float) and math.isfinite(self.alpha)) or not (
-            self.alpha > 0
-        ):
-            raise bad("alpha", "must be a finite number > 0 (e.g. 32, or 2 x rank)")
+        if not (isinstance(self.alpha, int) and self.alpha > 0):
+            raise bad("alpha", "must be an integer > 0 (e.g. 32, or 2 x rank)")
         if not 0.0 <= self.dropout < 1.0:
             raise bad("dropout", "must be in [0, 1), e.g. 0.0 or 0.05")
         names = tuple(self.target_modules)

@@ -63,7 +63,7 @@ def settings(args: argparse.Namespace, mode: str) -> tuple[Any, dict[str, Any]]:
     from agentloop.trainers.lora_config import LoraConfig
     from agentloop.trainers.worker_config import WorkerConfig
 
-    lora = LoraConfig(rank=args.rank, alpha=2.0 * args.rank) if mode == "lora" else LoraConfig()
+    lora = LoraConfig(rank=args.rank, alpha=2 * args.rank) if mode == "lora" else LoraConfig()
     actor = WorkerConfig(
         device="cuda", dtype="bfloat16", lr=1e-5, activation_checkpointing=True,
         max_tokens_per_micro_batch=16384, lora=lora,

@@ -50,7 +50,7 @@ async def test_the_adapter_alone_is_synced_and_served_in_place(tiny_model_dir: P
     from agentloop.trainers.worker_config import WorkerConfig
 
     actor = WorkerConfig(device="cuda", dtype="bfloat16", lr=5e-2,
-                         lora=LoraConfig(rank=RANK, alpha=2.0 * RANK))  # fmt: skip
+                         lora=LoraConfig(rank=RANK, alpha=2 * RANK))  # fmt: skip
     engine = {"backend": "vllm", "dtype": "bfloat16", "max_model_len": 512, "lora_rank": RANK,
               "gpu_memory_utilization": 0.2, "enable_sleep_mode": True}  # fmt: skip
     w = ColocatedWorker(WorkerSpec(str(tiny_model_dir), actor, engine, threaded=False))
