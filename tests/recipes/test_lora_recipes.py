@@ -40,5 +40,5 @@ def test_engine_lora_rank_must_be_the_policys_or_zero(tiny_model_dir: Path) -> N
     assert merged.engine_lora_rank == 0  # merged full-weight sync
     hf = load_config(TrainConfig, None, [*base, "engine.backend=hf"])
     assert hf.engine_lora_rank == 0  # the HF engine takes merged weights
-    with pytest.raises(ConfigError, match="adapter-only weight sync.*colocated"):
+    with pytest.raises(ConfigError, match=r"adapter-only weight sync.*colocated"):
         load_config(TrainConfig, None, [*base, "engine.lora_rank=8", "engine.backend=hf"])
