@@ -60,6 +60,7 @@ FLOATING: dict[str, tuple[str, ...]] = {
     "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~2 min
     "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.5 min
     "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1 min
+    "lora": ("tests/trainers/test_train_lora.py",),  # ~2.5 min alone: a 2-step LoRA run
 }
 _FLOATING_SCOPE = {module: group for group, modules in FLOATING.items() for module in modules}
 FLOATING_MODULES = frozenset(_FLOATING_SCOPE)

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from agentloop.checksums import file_sha256
 from agentloop.errors import ConfigError
@@ -110,13 +114,15 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer)
+    lora = _lora_record(worker)
+    model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer, options=_options(worker))
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     if worker.rank == 0:
         trainer_state = {
             "step": worker.step,
             "scheduler": worker.scheduler.state_dict(),
             "run_state": run_state,
+            "lora": lora,
         }
         torch.save(trainer_state, tmp / _TRAINER_STATE)
         _write_checksums(tmp)
@@ -148,7 +154,10 @@ def load_checkpoint(
     problem = _verified_on_rank0(worker, path, allow_unverified)
     if problem is not None:
         raise CheckpointError(problem)
-    model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer)
+    trainer_state = _read_trainer_state(path / _TRAINER_STATE)
+    _check_lora(path, trainer_state.get("lora"), _lora_record(worker))
+    options = _options(worker)
+    model_sd, optim_sd = get_state_dict(worker.model, worker.optimizer, options=options)
     try:  # dcp.load fills these dicts in place, re-sharded for this world
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
     except Exception as exc:
@@ -157,9 +166,12 @@ def load_checkpoint(
             f"read: {type(exc).__name__}: {exc}; resume from another checkpoint"
         ) from exc
     set_state_dict(
-        worker.model, worker.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
+        worker.model,
+        worker.optimizer,
+        model_state_dict=model_sd,
+        optim_state_dict=optim_sd,
+        options=options,
     )
-    trainer_state = _read_trainer_state(path / _TRAINER_STATE)
     worker.step = int(trainer_state["step"])
     worker.scheduler.load_state_dict(trainer_state["scheduler"])
     run_state: RunState | None = trainer_state.get("run_state")
@@ -254,6 +266,53 @@ def resume_checkpoint(
             len(skipped),
         )
     return chosen
+
+
+def _options(worker: PolicyWorker) -> StateDictOptions:
+    """A LoRA policy's checkpoint holds the adapters and their optimiser state, not the frozen
+    base (a resumed run loads that from ``model.path`` again)."""
+    lora = worker.lora is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
+def _lora_record(worker: PolicyWorker) -> dict[str, Any] | None:
+    """What a LoRA checkpoint must match to load: the adapters' shape and the base's
+    fingerprint (collective: the fingerprint reduces over the ranks)."""
+    if worker.lora is None:
+        return None
+    cfg = worker.lora.cfg
+    return {
+        "rank": cfg.rank,
+        "alpha": cfg.alpha,
+        "targets": worker.lora.targets,
+        "base_fingerprint": worker.base_fingerprint(),
+    }
+
+
+def _check_lora(path: Path, saved: dict[str, Any] | None, current: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint whose adapters (or their absence) or base model differ from the
+    worker's, naming what differs and the fix."""
+    if saved is None and current is None:
+        return
+    if saved is None or current is None:
+        kind = "full fine-tuning" if saved is None else f"LoRA (rank {saved['rank']})"
+        want = "actor.lora.rank=0" if saved is None else f"actor.lora.rank={saved['rank']}"
+        raise CheckpointError(
+            f"checkpoint {path} holds a {kind} policy but this worker is configured "
+            f"{'with' if current is not None else 'without'} LoRA; set {want} to load it"
+        )
+    if saved["base_fingerprint"] != current["base_fingerprint"]:
+        raise CheckpointError(
+            f"checkpoint {path} holds LoRA adapters trained on another base model (fingerprint "
+            f"{saved['base_fingerprint']}, this model's is {current['base_fingerprint']}); load "
+            "it onto the base model it was trained from (the run's model.path)"
+        )
+    for key in ("rank", "alpha", "targets"):
+        if saved[key] != current[key]:
+            raise CheckpointError(
+                f"checkpoint {path} has LoRA {key}={saved[key]!r} but this worker's is "
+                f"{current[key]!r}; set actor.lora to the checkpoint's settings"
+            )
 
 
 def _write_checksums(directory: Path) -> None:

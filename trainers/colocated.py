@@ -10,6 +10,7 @@ policy are collective: the driver calls them on every rank at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from agentloop.engines.base import SamplingParams, generate
+from agentloop.engines.base import AdapterEngine, SamplingParams, generate
 from agentloop.errors import ConfigError, InferenceError
+from agentloop.trainers.lora_config import LoraConfig
 from agentloop.trainers.packing import TrainSeq
 from agentloop.trainers.weight_push import PushGroup, buckets, stream
 from agentloop.trainers.worker import PolicyWorker, WorkerConfig
@@ -121,8 +123,9 @@ class ColocatedWorker:
             self._owns_group = init_distributed()
         self.rank = rank
         self.policy = PolicyWorker(self.spec.model_dir, self.spec.actor)
-        if self.spec.with_ref:
-            self.ref = PolicyWorker(self.spec.model_dir, self.spec.actor)
+        if self.spec.with_ref:  # the base model itself: a LoRA policy's reference has no adapters
+            ref_actor = dataclasses.replace(self.spec.actor, lora=LoraConfig())
+            self.ref = PolicyWorker(self.spec.model_dir, ref_actor)
 
     async def close(self) -> None:
         """Stop the engine and leave the process group (if this worker created it)."""
@@ -175,10 +178,21 @@ class ColocatedWorker:
         The weights stream into the engine, which casts each into its own dtype as it packs
         it and loads them chunk by chunk (``engine.weight_chunk_bytes``): on one rank they are
         the live parameters, and the extra memory is one packed chunk whatever the model's
-        size (on several, one bucket of gathered tensors more)."""
+        size (on several, one bucket of gathered tensors more). A LoRA policy whose engine
+        serves an adapter (``engine.lora_rank``) sends the adapter alone, which the engine
+        reloads in place; with any other engine it sends the merged weights."""
         if self.engine is None:
             return {}
-        gathered = stream(buckets(self._policy().state_dict_for_inference()), self._torch)
+        policy, engine = self._policy(), self.engine
+        if policy.lora is not None and isinstance(engine, AdapterEngine) and engine.serves_lora:
+            adapter = await self._torch(policy.adapter_weights, engine.weight_dtype)
+            stats = await engine.update_adapter(adapter, version=version, interrupt=interrupt)
+            return {
+                "sync/bytes": float(stats.num_bytes),
+                "sync/tensors": float(stats.num_tensors),
+                "sync/engine_load_s": stats.load_s,
+            }
+        gathered = stream(buckets(policy.state_dict_for_inference()), self._torch)
         try:
             stats = await self.engine.update_weights(gathered, version=version, interrupt=interrupt)
         finally:

@@ -214,6 +214,19 @@ class TrainConfig:
                 f"trainer.rollout_workers={t.rollout_workers} needs trainer.placement=ray "
                 "(separate rollout actors); local placement colocates the one engine",
             ),
+            (
+                self.engine.lora_rank in (None, 0, self.actor.lora.rank),
+                f"engine.lora_rank={self.engine.lora_rank} but actor.lora.rank="
+                f"{self.actor.lora.rank}: the engines' adapter slot holds the policy's adapter; "
+                "leave engine.lora_rank unset, or 0 to sync merged full weights",
+            ),
+            (
+                not self.engine.lora_rank
+                or (self.engine.backend == "vllm" and t.rollout_workers == 0),
+                "engine.lora_rank > 0 (adapter-only weight sync) needs vLLM engines colocated "
+                "with the trainer (engine.backend=vllm, trainer.rollout_workers=0); set "
+                "engine.lora_rank=0 to sync merged weights",
+            ),
         ]
 
     @property
@@ -231,7 +244,18 @@ class TrainConfig:
             settings["max_model_len"] = r.max_prompt_len + r.max_response_len
         if e.seed is None:
             settings["seed"] = self.trainer.seed
+        settings["lora_rank"] = self.engine_lora_rank
         return settings
+
+    @property
+    def engine_lora_rank(self) -> int:
+        """The engines' LoRA slot (``engine.lora_rank`` resolved): > 0 when each weight sync
+        sends the policy's adapter alone, 0 when it sends full (merged) weights."""
+        e, t = self.engine, self.trainer
+        if e.lora_rank is not None:
+            return e.lora_rank
+        colocated_vllm = e.backend == "vllm" and t.rollout_workers == 0
+        return self.actor.lora.rank if colocated_vllm else 0
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,10 @@ class EngineConfig:
     weight_chunk_bytes: int = VLLMConfig.weight_chunk_bytes
     """Weight syncs load in chunks of about this many bytes, cut between transformer blocks:
     their extra GPU memory is about two chunks, whatever the model's size."""
+    lora_rank: int | None = None
+    """The engines' LoRA adapter slot. None: ``actor.lora.rank`` for vLLM engines colocated
+    with the trainer (each sync sends the adapter alone, reloaded in place), else 0; 0: no
+    slot, a LoRA policy's sync sends the merged full weights."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``)."""
 

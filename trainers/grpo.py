@@ -276,7 +276,9 @@ async def _step(
         metrics.update(await _push(run, step, timer))
         return {**metrics, "actor/updates": 0.0}, groups
     if sleep:  # level 2: sync mode reloads every weight below, so none is copied to the host
-        await group.sleep_engines(level=2)  # (3B, H100: 0.15 s for sleep + reload; level 1 7.2 s)
+        # (3B, H100: 0.15 s for sleep + reload; level 1 7.2 s); an adapter-only sync (LoRA)
+        # reloads no base weight, so they go to host memory and back (level 1)
+        await group.sleep_engines(level=1 if cfg.engine_lora_rank else 2)
     seqs = train_seqs([trajs[i] for i in keep], [0.0] * len(keep), vision=run.builder.vision)
     with timer("old_log_prob"):
         old = await group.compute_logprobs(seqs)

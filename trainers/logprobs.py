@@ -174,9 +174,7 @@ def logprobs_from_logits(
     )
     # torch's Function.apply is unannotated: its result is typed here, where it enters agentloop
     chunked: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _ChunkedLogprob.apply
-    lp, ent = chunked(
-        logits_NV, labels_N, temperature, with_entropy, chunk_size, banned
-    )
+    lp, ent = chunked(logits_NV, labels_N, temperature, with_entropy, chunk_size, banned)
     return lp, (ent if with_entropy else None)
 
 

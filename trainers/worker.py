@@ -10,25 +10,18 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-)
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
+from agentloop.engines.base import AdapterWeights
 from agentloop.errors import ConfigError
 from agentloop.hf_names import CheckpointNames
 from agentloop.trainers.dist import all_reduce_max, all_reduce_sum, init_distributed
 from agentloop.trainers.logprobs import token_logprobs
+from agentloop.trainers.lora import LoraAdapters, apply_lora, base_fingerprint, store_base_in
 from agentloop.trainers.losses import agg_loss, kl_penalty, policy_loss
 from agentloop.trainers.packing import (
     MicroBatch,
@@ -37,15 +30,20 @@ from agentloop.trainers.packing import (
     micro_batch_partition,
     pack,
 )
-from agentloop.trainers.varlen import VARLEN, resolve_attn_implementation
-from agentloop.trainers.vlm import model_class, vision_spec, vision_tower
+from agentloop.trainers.vlm import vision_spec
+from agentloop.trainers.worker_build import (
+    freeze_vision,
+    full_tensor,
+    load_model,
+    pick_device,
+    shard_model,
+)
 from agentloop.trainers.worker_config import WorkerConfig
 
 __all__ = ["PolicyWorker", "WorkerConfig"]
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Files a model dir needs besides the weights and config, copied on save_pretrained so the export
 # works with `agentloop eval` and vLLM as it is.
 _TOKENIZER_FILES = (
@@ -61,93 +59,6 @@ _TOKENIZER_FILES = (
     "preprocessor_config.json",
     "processor_config.json",
 )
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("WorkerConfig.device='cuda' but no CUDA device is visible; use 'cpu'")
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _load(
-    model: str | os.PathLike[str] | PretrainedConfig | PreTrainedModel,
-    cfg: WorkerConfig,
-    device: torch.device,
-) -> PreTrainedModel:
-    """fp32 master weights on the CPU; identical on every rank (loaded, or seeded init). A model
-    instance keeps its attention implementation unless ``auto`` resolves to ``varlen``."""
-    if isinstance(model, PreTrainedModel):
-        config = model.config
-    elif isinstance(model, PretrainedConfig):
-        config = model
-    elif Path(model).is_dir():
-        config = AutoConfig.from_pretrained(model)
-    else:
-        raise ConfigError(f"model path {str(model)!r} is not a directory; pass an HF model dir")
-    compute = _DTYPES[cfg.dtype] if device.type == "cuda" else torch.float32
-    vision = hasattr(config, "vision_config")
-    attn = resolve_attn_implementation(cfg.attn_implementation, device, compute, vision=vision)
-    kw: dict[str, Any] = dict(attn_implementation=attn, dtype=torch.float32)
-    if isinstance(model, PreTrainedModel):
-        if attn == VARLEN:
-            model.set_attn_implementation(attn)
-        floated: PreTrainedModel = model.float()
-        return floated
-    if isinstance(model, PretrainedConfig):
-        torch.manual_seed(cfg.seed)
-        built: PreTrainedModel = model_class(model).from_config(model, **kw)
-        return built
-    loaded: PreTrainedModel = model_class(config).from_pretrained(model, **kw)
-    return loaded
-
-
-def _freeze_vision(model: PreTrainedModel) -> None:
-    """Take the vision tower's parameters out of training (``actor.freeze_vision``)."""
-    tower = vision_tower(model)
-    if tower is None:
-        raise ConfigError(
-            f"actor.freeze_vision=True but {type(model).__name__} has no vision tower; set it "
-            "only for a vision-language model (Qwen2-VL / Qwen2.5-VL)"
-        )
-    tower.requires_grad_(False)
-
-
-def _shard(
-    model: PreTrainedModel, cfg: WorkerConfig, device: torch.device, world_size: int
-) -> PreTrainedModel:
-    """``fully_shard`` every transformer block (``_no_split_modules``), then the root."""
-    if cfg.activation_checkpointing:
-        # non-reentrant: recomputation re-runs FSDP2's pre-forward hooks, which re-gather
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mesh = init_device_mesh(device.type, (world_size,))
-    on_gpu = device.type == "cuda"
-    mp = (
-        MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.dtype], reduce_dtype=torch.float32)
-        if on_gpu
-        else MixedPrecisionPolicy()
-    )
-    offload = CPUOffloadPolicy() if cfg.cpu_offload and on_gpu else OffloadPolicy()
-    block_names = set(getattr(model, "_no_split_modules", None) or ())
-    for module in list(model.modules()):
-        if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            # agg_loss returns each rank's share of the *global* loss: gradients must be summed
-            # over ranks, not averaged. Force plain SUM collectives: gloo has no PREMUL_SUM.
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
-    return model
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The full tensor of a shard: all-gathered, or (one rank) the local tensor itself."""
-    if not isinstance(t, DTensor):
-        return t
-    return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
 
 
 class PolicyWorker:
@@ -171,12 +82,17 @@ class PolicyWorker:
         self.config = cfg = config or WorkerConfig()
         init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.device = _pick_device(cfg.device)
+        self.device = pick_device(cfg.device)
         self.source_dir = Path(model) if isinstance(model, str | os.PathLike) else None
-        loaded = _load(model, cfg, self.device)
+        loaded = load_model(model, cfg, self.device)
         if cfg.freeze_vision:
-            _freeze_vision(loaded)
-        self.model = _shard(loaded, cfg, self.device, self.world_size)
+            freeze_vision(loaded)
+        if cfg.lora.enabled:
+            apply_lora(loaded, cfg.lora, seed=cfg.seed)
+            if self.device.type == "cuda" and cfg.dtype == "bfloat16":
+                store_base_in(loaded, torch.bfloat16)
+        self.model = shard_model(loaded, cfg, self.device, self.world_size)
+        self.lora = LoraAdapters(self.model, cfg.lora) if cfg.lora.enabled else None
         self._checkpoint_names = CheckpointNames(self.model)
         # a vision-language model's image inputs, M-RoPE index and banned (vision) ids
         self.vision = vision_spec(self.model, self.source_dir)
@@ -392,7 +308,7 @@ class PolicyWorker:
         """Clip by the global gradient norm (DTensor-aware) and step; skip on a non-finite norm."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip or math.inf
-        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
         if math.isfinite(norm):
             self.optimizer.step()
         else:  # loud: a skipped update is reported (log + ``step_skipped``), never silent
@@ -425,7 +341,9 @@ class PolicyWorker:
         names (transformers' load-time renamings reverted), as vLLM's
         ``reload_weights(is_checkpoint_format=True)`` expects; a tied weight appears once, under
         its first name, as in a saved checkpoint (``lm_head.weight`` is not in a checkpoint whose
-        embeddings are tied). ``dtype``/``device`` convert each tensor (e.g. bf16 for the engine,
+        embeddings are tied). With LoRA (``actor.lora``) each adapted weight is the merged
+        ``W + scaling · B·A`` under the plain model's name, and the adapters are left out.
+        ``dtype``/``device`` convert each tensor (e.g. bf16 for the engine,
         ``"cpu"`` to hand it across processes). On a single rank, a tensor that needs no
         conversion is a view of the live parameter (no gather, no copy): clone it to keep it
         across a later ``train_step``.
@@ -433,16 +351,52 @@ class PolicyWorker:
         seen: set[tuple[int, tuple[int, ...]]] = set()
         # keep_vars: the parameters themselves; state_dict() would detach each DTensor, a
         # dispatched op that was the sync's largest cost after the renaming (~30 us a tensor)
-        for name, shard in self.model.state_dict(keep_vars=True).items():
+        lora = self.lora
+        for model_name, shard in self.model.state_dict(keep_vars=True).items():
+            name = model_name if lora is None else lora.inference_name(model_name)
+            if name is None:  # an adapter: merged into its base weight below
+                continue
             local = shard.to_local() if isinstance(shard, DTensor) else shard
             key = (local.data_ptr(), tuple(shard.shape))
             if key in seen:  # the same parameter under a second name (tied weights)
                 continue
             seen.add(key)
-            full = _full(shard).detach()
+            full = full_tensor(shard).detach()
+            if lora is not None:
+                full = lora.merge(name, full, full_tensor)
             if dtype is not None or device is not None:
                 full = full.to(device=device, dtype=dtype)
             yield from self._checkpoint_names(name, full).items()
+
+    def base_fingerprint(self) -> str:
+        """A digest of the frozen base weights under LoRA (see
+        :func:`~agentloop.trainers.lora.base_fingerprint`); collective."""
+        return base_fingerprint(self.model, self.device)
+
+    def adapter_weights(self, dtype: torch.dtype | None = None) -> AdapterWeights:
+        """The LoRA adapter in PEFT's format, its full tensors in the CPU memory of every rank
+        (for a LoRA engine's in-place update), converted to ``dtype`` (the engine's) if given;
+        collective."""
+        if self.lora is None:
+            raise ConfigError("adapter_weights needs a LoRA policy (actor.lora.rank > 0)")
+        with torch.no_grad():
+            named = self.lora.adapter_tensors(full_tensor)
+            tensors = {k: v.to(device="cpu", dtype=dtype) for k, v in named}
+        return AdapterWeights(tensors, self.lora.peft_config(self.source_dir))
+
+    def save_adapter(self, path: str | os.PathLike[str]) -> None:
+        """Write the LoRA adapter alone as a PEFT adapter dir (rank 0 writes; collective)."""
+        if self.lora is None:
+            raise ConfigError(
+                "save_adapter needs a LoRA policy (actor.lora.rank > 0); this one trains every "
+                "weight: write it whole with save_pretrained"
+            )
+        fingerprint = self.base_fingerprint()
+        with torch.no_grad():
+            tensors = {k: v.cpu() for k, v in self.lora.adapter_tensors(full_tensor)}
+        if self.rank == 0:
+            self.lora.save_adapter(Path(path), tensors, self.source_dir, fingerprint)
+        dist.barrier()
 
     def save_pretrained(
         self, path: str | os.PathLike[str], *, dtype: torch.dtype | None = None

@@ -4,7 +4,7 @@ of a run). Torch-free, as the whole config schema is (``trainers/choices.py``)."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentloop.errors import ConfigError
 from agentloop.trainers.choices import (
@@ -14,6 +14,7 @@ from agentloop.trainers.choices import (
     PACKED_ATTN_IMPLEMENTATIONS,
     POLICY_LOSS_MODES,
 )
+from agentloop.trainers.lora_config import LoraConfig
 
 __all__ = ["WorkerConfig"]
 
@@ -91,6 +92,9 @@ class WorkerConfig:
     freeze_vision: bool = False
     """A vision-language model's vision tower (patch embedding, blocks, merger) stays fixed: no
     gradients, no optimiser state; only the language model trains. Needs a VLM."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters instead of full fine-tuning (off while ``lora.rank`` is 0): only the
+    adapters train and hold optimiser state, and the weight sync sends the merged weights."""
 
     def __post_init__(self) -> None:
         def bad(field: str, fix: str) -> ConfigError:

@@ -139,11 +139,20 @@ def add_export(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=("float32", "bfloat16"), help="convert the weights (default: as trained)"
     )
     parser.add_argument("--device", default="cpu", help="where to load the model (cpu, cuda)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the base with the adapters merged in, as a full HF model dir "
+        "(default: the adapter alone, in PEFT's format)",
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from agentloop.trainers.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, device=args.device)
-    print(f"exported {args.checkpoint} to {out} (an HF model dir)")
+    out = export_checkpoint(
+        args.checkpoint, args.out, dtype=args.dtype, device=args.device, merge=args.merge
+    )
+    what = "a PEFT adapter dir" if out.adapter else "an HF model dir"
+    print(f"exported {args.checkpoint} to {out.path} ({what})")
     return 0

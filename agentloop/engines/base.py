@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "AdapterEngine",
+    "AdapterWeights",
     "Engine",
     "NamedTensors",
     "SamplingParams",
@@ -110,6 +112,45 @@ class WeightSyncStats:
     total_s: float
     direct: bool = False  # cuda_ipc's verified fast path (plain copies) instead of load_weights
     chunks: int = 1  # loads of at most ``weight_chunk_bytes`` each
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """A LoRA adapter in PEFT's format: ``tensors`` under PEFT's keys
+    (``base_model.model.….lora_A.weight`` ``[rank, in]``, ``….lora_B.weight`` ``[out, rank]``)
+    and ``config``, the ``adapter_config.json`` mapping (``r``, ``lora_alpha``,
+    ``target_modules``, ...)."""
+
+    tensors: Mapping[str, torch.Tensor]
+    config: Mapping[str, Any]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves the base model with one LoRA adapter, updated in place
+    (:class:`~agentloop.engines.vllm.VLLMEngine` started with ``lora_rank > 0``): a LoRA
+    policy's weight sync then sends the adapter alone, not the merged weights."""
+
+    @property
+    def serves_lora(self) -> bool:
+        """Whether this engine was started with a LoRA slot (``lora_rank > 0``)."""
+        ...
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype an adapter update should arrive in (the engine's)."""
+        ...
+
+    async def update_adapter(
+        self, adapter: AdapterWeights, *, version: int | None = None, interrupt: bool = False
+    ) -> WeightSyncStats:
+        """Replace the adapter every later request is served with, in place (same adapter id),
+        under policy ``version``; running requests as in ``update_weights``."""
+        ...
 
 
 async def named_pairs(named: NamedTensors) -> AsyncIterator[tuple[str, torch.Tensor]]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentloop.engines.base import (
+    AdapterWeights,
     NamedTensors,
     SamplingParams,
     WeightSyncStats,
@@ -29,6 +30,7 @@ from agentloop.engines.vllm_config import (
     WeightTransport,
     check_settings,
 )
+from agentloop.engines.vllm_lora import ADAPTER_ID, AdapterDir
 from agentloop.engines.vllm_process import engine_args, engine_processes, reap, start_async_llm
 from agentloop.engines.vllm_requests import completion as _completion
 from agentloop.engines.vllm_requests import inference_error as _inference_error
@@ -77,6 +79,8 @@ class VLLMEngine:
         self._gate = WeightGate(config.weight_sync_timeout_s)
         self._live: set[str] = set()  # request ids admitted by the gate, not yet returned
         self._vision: Any = None  # the model's VisionProcessor, for a vision-language model
+        self._adapter_dir: AdapterDir | None = None  # lora_rank > 0: the adapter vLLM reloads
+        self._lora_request: Any = None  # every request's LoRARequest, once an adapter is loaded
 
     @property
     def version(self) -> int:
@@ -130,6 +134,12 @@ class VLLMEngine:
         return self.config.max_model_len
 
     @property
+    def serves_lora(self) -> bool:
+        """Whether the engine has a LoRA adapter slot (``lora_rank > 0``): see
+        :meth:`update_adapter`."""
+        return self.config.lora_rank > 0
+
+    @property
     def pids(self) -> tuple[int, ...]:
         """Process ids of this engine's vLLM processes (engine core and workers)."""
         return tuple(p.pid for p in self._procs)
@@ -180,6 +190,10 @@ class VLLMEngine:
         if llm is None:
             return
         procs, self._procs = self._procs, []
+        self._lora_request = None
+        if self._adapter_dir is not None:
+            self._adapter_dir.remove()
+            self._adapter_dir = None
         # Stop the output handler first: it would otherwise log the engine's exit as a crash.
         if (handler := getattr(llm, "output_handler", None)) is not None:
             handler.cancel()
@@ -236,7 +250,9 @@ class VLLMEngine:
         inputs = mm_prompt(self._vision, prompt, images)
         final = None
         try:
-            async for out in llm.generate(inputs, params, request_id):
+            async for out in llm.generate(
+                inputs, params, request_id, lora_request=self._lora_request
+            ):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -299,6 +315,47 @@ class VLLMEngine:
             stats.total_s,
         )
         return stats
+
+    async def update_adapter(
+        self, adapter: AdapterWeights, *, version: int | None = None, interrupt: bool = False
+    ) -> WeightSyncStats:
+        """Replace the LoRA adapter (PEFT format) that every later request is served with, in
+        place under one adapter id (vLLM's ``load_inplace`` reload of a directory in
+        ``shm_dir``), and reset the prefix cache; the base weights stay as they are. Needs
+        ``lora_rank > 0``; ``version`` and ``interrupt`` as in :meth:`update_weights`."""
+        from vllm.lora.request import LoRARequest
+
+        llm = self._require_llm()
+        if not self.serves_lora:
+            raise ConfigError(
+                "update_adapter needs an engine with a LoRA slot: start it with lora_rank set "
+                "to the adapter's rank (engine.lora_rank), or sync merged weights instead"
+            )
+        if self._adapter_dir is None:
+            self._adapter_dir = AdapterDir(self.config.shm_dir)
+        path = str(self._adapter_dir.path)
+
+        async def abort_running() -> None:
+            await llm.abort(list(self._live))
+
+        t0 = time.perf_counter()
+        async with self._gate.update(abort_running if interrupt else None):
+            await asyncio.to_thread(self._adapter_dir.write, adapter)
+            t1 = time.perf_counter()
+            request = LoRARequest("agentloop-policy", ADAPTER_ID, path, load_inplace=True)
+            await asyncio.wait_for(llm.add_lora(request), self.config.weight_sync_timeout_s)
+            self._lora_request = LoRARequest("agentloop-policy", ADAPTER_ID, path)
+            await llm.reset_prefix_cache(reset_running_requests=True)
+            if version is not None:
+                self._gate.version = version
+        t2 = time.perf_counter()
+        return WeightSyncStats(
+            num_tensors=len(adapter.tensors),
+            num_bytes=adapter.num_bytes,
+            serialize_s=t1 - t0,
+            load_s=t2 - t1,
+            total_s=t2 - t0,
+        )
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (running requests are preempted and recomputed)."""

@@ -66,6 +66,9 @@ class VLLMConfig:
     cut between transformer blocks (a block larger than this is a chunk alone). Each tensor is
     packed as it arrives: the update's extra memory on the sender's device is one packed chunk,
     whatever the model's size (> 0)."""
+    lora_rank: int = 0
+    """Serve the base model with one LoRA adapter of up to this rank (a LoRA policy's,
+    ``actor.lora.rank``), replaced in place by ``update_adapter``; 0: no adapter slot."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs``, passed verbatim (e.g. ``{block_size: 32}``); not the
     ones VLLMEngine sets itself (the model directory among them)."""
@@ -98,6 +101,10 @@ def check_settings(s: Any, section: str) -> None:
     for name in ("shutdown_timeout_s", "weight_sync_timeout_s", "weight_chunk_bytes"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{section}.{name} must be positive, got {getattr(s, name)}")
+    if s.lora_rank is not None and not 0 <= s.lora_rank <= 512:
+        raise ConfigError(
+            f"{section}.lora_rank={s.lora_rank} must be in [0, 512] (vLLM's largest LoRA rank)"
+        )
     if not 0 < s.gpu_memory_utilization <= 1:
         raise ConfigError(
             f"{section}.gpu_memory_utilization must be in (0, 1], got {s.gpu_memory_utilization}"

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from agentloop.engines.vllm_config import VLLMConfig
+from agentloop.engines.vllm_lora import lora_engine_args
 
 __all__ = ["engine_args", "engine_processes", "reap", "start_async_llm"]
 
@@ -60,6 +61,7 @@ def engine_args(cfg: VLLMConfig, sleep_mode: bool) -> dict[str, Any]:
         "worker_extension_cls": EXTENSION_CLS,
         "disable_log_stats": True,
         **(_TP_DEFAULTS if cfg.tensor_parallel_size > 1 else {}),
+        **(lora_engine_args(cfg.lora_rank) if cfg.lora_rank else {}),
         **cfg.engine_args,
     }
     if current_platform.is_cpu():

@@ -49,7 +49,8 @@ def test_the_engine_section_is_vllm_config_without_model_and_with_its_defaults()
     section = {f.name: f for f in dataclasses.fields(EngineConfig)}
     assert set(section) == set(vllm) - {"model"} | {"backend"}
     assert section["backend"].default == "vllm"
-    derived = {"max_model_len", "seed"}  # None: from the rollout budget and trainer.seed
+    # None: from the rollout budget, trainer.seed and actor.lora
+    derived = {"max_model_len", "seed", "lora_rank"}
     for name in set(section) - derived - {"engine_args", "backend"}:
         assert section[name].default == vllm[name].default, name
 

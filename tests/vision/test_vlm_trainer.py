@@ -226,3 +226,26 @@ async def test_trainer_logprobs_match_the_hf_engine_on_vlm_episodes(
     ]
     print(f"VLM engine-vs-trainer max |Δlogprob| over {len(diffs)} tokens: {max(diffs):.3g}")
     assert max(diffs) < 1e-5, max(diffs)
+
+
+def test_lora_on_a_vlm_trains_the_language_model_adapters_only(
+    tiny_vlm_dir: Path, seqs: list[TrainSeq]
+) -> None:
+    """Adapters go on the language model's linears only (the vision tower's MLP has the same
+    names and stays as it is); one step with images trains exactly the adapters."""
+    from agentloop.trainers.lora_config import LoraConfig
+
+    w = _worker(tiny_vlm_dir, lr=1e-2, lora=LoraConfig(rank=4))
+    assert w.lora is not None and w.lora.layers
+    assert all(n.startswith("model.language_model.") for n in w.lora.layers)
+    tower_linears = [n for n, m in w.model.named_modules() if n.startswith("model.visual.")
+                     and n.endswith(("gate_proj", "up_proj", "down_proj"))]  # fmt: skip
+    assert tower_linears and not any(n in w.lora.layers for n in tower_linears)
+    before = {n: _local(p) for n, p in w.model.named_parameters()}
+    metrics = w.train_step(seqs)
+    assert metrics["grad_norm"] > 0 and metrics["step_skipped"] == 0
+    changed = {n for n, p in w.model.named_parameters() if not torch.equal(before[n], _local(p))}
+    trainable = {n for n, p in w.model.named_parameters() if p.requires_grad}
+    assert changed == trainable and all(".lora_" in n for n in trainable)
+    names = [n for n, _ in w.state_dict_for_inference()]
+    assert not any("lora_" in n or "base_layer" in n for n in names)
