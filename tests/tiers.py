@@ -16,6 +16,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "vllm_server": ("vllm", "integration"),  # `vllm serve` (engines/test_vllm_serve.py)
     "train_run": ("e2e", "vllm", "integration", "slow"),  # GRPO in this process (trainers/)
     "train_cli": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` subprocesses
+    "train_main": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` in this process
     "verl_run": ("e2e", "vllm", "integration", "slow"),  # one 2-step `agentloop train`, module
     "skyrl_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a skyrl-gym env
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)

@@ -17,12 +17,14 @@ import torch
 from grpo_helpers import (
     LocalRun,
     TrainCLI,
+    TrainMain,
     TrainRun,
     engine_vs_trainer,
     hf_logprobs,
     probe_prompts,
     run_overrides,
 )
+from grpo_helpers import train_main as run_train_main
 from tiny_models import build_tiny_model, write_micro_model
 from transformers import Qwen2ForCausalLM
 
@@ -89,6 +91,14 @@ def local_run(
     overrides = [*run_overrides(tiny_model_dir, out), "rollout.loop_workers=2"]
     result = train_run(overrides, on_step=check_sync)
     return LocalRun(out, result, sync)
+
+
+@pytest.fixture(scope="session")
+def train_main() -> TrainMain:
+    """``train_main(args, log)``: ``agentloop train ARGS`` in this process (its own vLLM engine),
+    output appended to ``log``; returns the exit status."""
+    pytest.importorskip("vllm")
+    return run_train_main
 
 
 @pytest.fixture

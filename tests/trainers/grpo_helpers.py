@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from agentloop.trainers.packing import TrainSeq
 STEPS = 3
 #: The ``train_run`` fixture: ``train_run(overrides, on_step=None)`` runs GRPO in this process.
 TrainRun = Callable[..., TrainResult]
+#: The ``train_main`` fixture: ``train_main(args, log)``, ``agentloop train ARGS`` in this process.
+TrainMain = Callable[[Sequence[str], Path], int]
 
 
 @dataclass
@@ -118,3 +121,14 @@ class TrainCLI:
         """SIGKILL the run's whole process group and reap it."""
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
+
+
+def train_main(args: Sequence[str], log: Path) -> int:
+    """``agentloop train ARGS`` through the console script's entry point (``agentloop.cli.main``:
+    the YAML + key=value parsing, the start-up checks, the run, the exit status) in this process,
+    what it prints appended to ``log``. A subprocess would add only its interpreter start and its
+    imports of torch and vLLM (~10 s a run on a quiet core)."""
+    from agentloop.cli import main
+
+    with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        return main(["train", *args])

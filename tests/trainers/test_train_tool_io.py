@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from async_helpers import overrides
-from grpo_helpers import TrainCLI
+from grpo_helpers import TrainMain
 
 from agentloop.errors import ConfigError
 from agentloop.io import read_jsonl
@@ -61,13 +60,13 @@ def _tool_outputs(path: Path) -> list[str]:
 
 @pytest.mark.timeout(1500)
 def test_a_replayed_training_run_gets_the_recorded_tool_outputs_without_the_sandbox(
-    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path
+    train_main: TrainMain, calc_caller_dir: Path, tmp_path: Path
 ) -> None:
     tape, again = tmp_path / "tape", tmp_path / "tape-again"
     config = tmp_path / "run.yaml"
     config.write_text(RECORD_YAML.replace("TAPE", str(tape)))
     record = [str(config), *overrides(calc_caller_dir, tmp_path / "a", *SHORT)]
-    assert train_cli.spawn(record, tmp_path / "a.log").wait(900) == 0, _tail(tmp_path / "a.log")
+    assert train_main(record, tmp_path / "a.log") == 0, _tail(tmp_path / "a.log")
     recorded = _calls(tape)
     assert recorded and all(c[6] is None for c in recorded), recorded  # the sandbox answered
 
@@ -76,7 +75,7 @@ def test_a_replayed_training_run_gets_the_recorded_tool_outputs_without_the_sand
     replay = [*record, "data.env_kwargs.sandbox=remote",
               f"trainer.out_dir={tmp_path / 'b'}", f"rollout.tools_replay={tape}",
               "rollout.tools_replay_miss=fail", f"rollout.tools_record={again}"]  # fmt: skip
-    assert train_cli.spawn(replay, tmp_path / "b.log").wait(900) == 0, _tail(tmp_path / "b.log")
+    assert train_main(replay, tmp_path / "b.log") == 0, _tail(tmp_path / "b.log")
     assert _calls(again) == recorded  # every call was served from the recording, none missed
     for part in ("trajectories/step_000001.jsonl", "val/step_000000/trajectories.jsonl"):
         a, b = tmp_path / "a" / part, tmp_path / "b" / part
@@ -87,7 +86,7 @@ def test_a_replayed_training_run_gets_the_recorded_tool_outputs_without_the_sand
 
 @pytest.mark.timeout(900)
 def test_a_training_run_calls_the_mcp_server_of_data_tools(
-    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path
+    train_main: TrainMain, calc_caller_dir: Path, tmp_path: Path
 ) -> None:
     """``data.tools`` names an MCP server (stdio, with options) whose ``python`` tool replaces
     Calc's; Calc's own sandbox is unusable (remote, no server), so every answer is the server's."""
@@ -99,7 +98,7 @@ def test_a_training_run_calls_the_mcp_server_of_data_tools(
                       f"  tools: [{json.dumps(spec)}]\n")  # fmt: skip
     args = [str(config), *overrides(calc_caller_dir, tmp_path / "run", *SHORT)]
     log = tmp_path / "run.log"
-    assert train_cli.spawn(args, log).wait(600) == 0, _tail(log)
+    assert train_main(args, log) == 0, _tail(log)
     step = tmp_path / "run" / "trajectories" / "step_000001.jsonl"
     answered = [o for o in _tool_outputs(step) if not o.startswith("Error")]
     assert answered and any(ch.isdigit() for o in answered for ch in o), _tool_outputs(step)
@@ -132,18 +131,19 @@ def test_data_tools_are_checked_when_the_config_loads(tmp_path: Path) -> None:
         load_config(TrainConfig, config)
 
 
-@pytest.mark.slow  # an `agentloop train` process (imports torch), stopped before any engine
+@pytest.mark.slow  # `agentloop train` (in this process), stopped before any engine
 def test_a_data_tools_server_that_cannot_start_stops_the_run_named(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from agentloop.cli import main
+
     spec = f"mcp:{sys.executable} {tmp_path / 'missing_server.py'}"
     config = tmp_path / "run.yaml"
     config.write_text(f"data:\n  tools: [{json.dumps(spec)}]\n")
-    argv = [sys.executable, "-m", "agentloop.cli", "train", str(config),
-            f"trainer.out_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}"]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "cannot list the tools of MCP server" in proc.stderr
-    assert "missing_server.py" in proc.stderr
+    args = [str(config), f"trainer.out_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}"]
+    status, out = main(["train", *args]), capsys.readouterr()
+    assert status == 2, out.out[-2000:] + out.err[-2000:]
+    assert "cannot list the tools of MCP server" in out.err
+    assert "missing_server.py" in out.err
     # the run's config records the tools it was given
     assert spec in (tmp_path / "run" / "config.yaml").read_text()

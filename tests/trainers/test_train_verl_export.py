@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from async_helpers import overrides
-from grpo_helpers import TrainCLI, hf_logprobs, probe_prompts
+from grpo_helpers import hf_logprobs, probe_prompts, train_main
 
 from agentloop.trainers.metrics import read_metrics
 
@@ -41,10 +38,10 @@ class VerlRun:
 
 
 @pytest.fixture(scope="module")
-def verl_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerlRun]:
-    """2 steps of ``agentloop train`` on MathTool-v0 from a verl-format parquet (as verl's
-    ``gsm8k.py`` preprocessing writes it) with a verl reward file; a checkpoint each step. One
-    run both tests read (tests/tiers.py tags it as a whole run)."""
+def verl_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VerlRun:
+    """2 steps of ``agentloop train`` (in this process) on MathTool-v0 from a verl-format parquet
+    (as verl's ``gsm8k.py`` preprocessing writes it) with a verl reward file; a checkpoint each
+    step. One run both tests read (tests/tiers.py tags it as a whole run)."""
     tmp = tmp_path_factory.mktemp("verl")
     rows = [
         {
@@ -71,14 +68,9 @@ def verl_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             "rollout.max_turns=1",
         ),
     ]
-    log, cli = tmp / "train.log", TrainCLI()
-    proc = cli.spawn(args, log)
-    try:
-        assert proc.wait(900) == 0, log.read_text()[-3000:]
-        yield VerlRun(out, log.read_text())
-    finally:
-        if proc.poll() is None:
-            cli.kill(proc)
+    log = tmp / "train.log"
+    assert train_main(args, log) == 0, log.read_text()[-3000:]
+    return VerlRun(out, log.read_text())
 
 
 @pytest.mark.timeout(1200)
@@ -101,7 +93,9 @@ def test_a_verl_parquet_and_reward_file_train_unchanged(verl_run: VerlRun) -> No
 
 
 @pytest.mark.timeout(1200)
-def test_export_of_step_1_gives_the_trainers_logprobs(verl_run: VerlRun, tmp_path: Path) -> None:
+def test_export_of_step_1_gives_the_trainers_logprobs(
+    verl_run: VerlRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``agentloop export checkpoints/step_1 DIR``: transformers loads DIR, and its logprobs
     equal the trainer's own under the step-1 weights (its DCP checkpoint loaded into a
     PolicyWorker), CPU fp32, to 1e-5; they differ from the start model's and step 2's."""
@@ -113,9 +107,9 @@ def test_export_of_step_1_gives_the_trainers_logprobs(verl_run: VerlRun, tmp_pat
 
     step1 = verl_run.out / "checkpoints" / "step_00000001"
     out = tmp_path / "hf"
-    cmd = [sys.executable, "-m", "agentloop.cli", "export", str(step1), str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    from agentloop.cli import main
+
+    assert main(["export", str(step1), str(out)]) == 0, capsys.readouterr().err[-3000:]
     assert AutoTokenizer.from_pretrained(out).chat_template  # the tokenizer came along
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     config = yaml_model_path(verl_run.out)
