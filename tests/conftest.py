@@ -65,6 +65,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                     self.workqueue.move_to_end(name, last=False)
             super()._assign_work_unit(node)
 
+        def _reschedule(self, node: Any) -> None:
+            # xdist gives a worker its next scope while two of its tests are still to run; a
+            # lane takes one only when down to its last (the worker holds that one back until it
+            # knows the next). A floating group is minutes long, so taking it a test earlier can
+            # leave the other lane idle at the end while this one still has a group to run.
+            if (
+                not node.shutting_down
+                and self.workqueue
+                and self._pending_of(self.assigned_work.get(node, {})) > 1
+            ):
+                return
+            super()._reschedule(node)
+
     return LaneScheduling(config, log)
 
 

@@ -46,22 +46,26 @@ LANE_B = frozenset({
 })  # fmt: skip
 
 #: Whole training runs that start their own engines and no Ray, and read neither lane's session
-#: fixtures: they fill the two lanes' tails. Heaviest first (full run of 15be072, pinned lanes); the
-#: modules of a group share a session fixture (``local_run``: one GRPO run both read), so they run
-#: in one lane. Everything not named here or in LANE_B is lane "a", Ray included (one Ray cluster
-#: at a time).
+#: fixtures: they fill the two lanes' tails, with two quick-tier modules of a minute or two
+#: (subprocesses only) as the smallest pieces. Heaviest first (full run of 15be072, pinned lanes;
+#: the runs through ``agentloop train`` in this process since), so that the last groups handed
+#: out are the small ones; the modules of a group share a session fixture (``local_run``: one
+#: GRPO run both read), so they run in one lane. Everything not named here or in LANE_B is lane
+#: "a", Ray included (one Ray cluster at a time).
 FLOATING: dict[str, tuple[str, ...]] = {
-    # ~7.5 min together
+    # ~7 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
-    "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~3 min
-    # ~3 min: one 2-step run (a module fixture) that both of its tests read
+    "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
+    # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
-    "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~2.7 min
-    "skyrl": ("tests/trainers/test_train_skyrl.py",),  # one 2-step run
-    "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~2 min
-    "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.5 min
-    "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1 min
     "lora": ("tests/trainers/test_train_lora.py",),  # ~2.5 min alone: a 2-step LoRA run
+    "loop_workers": ("tests/test_loop_workers.py",),  # ~2.3 min: worker processes, no engine
+    "skyrl": ("tests/trainers/test_train_skyrl.py",),  # one 2-step run
+    "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~1.7 min
+    "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.6 min
+    "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~1.6 min
+    "guard": ("tests/trainers/test_train_guard_cli.py",),  # ~1.5 min
+    "typecheck": ("tests/test_typecheck.py",),  # ~1 min: mypy on the probe module
 }
 _FLOATING_SCOPE = {module: group for group, modules in FLOATING.items() for module in modules}
 FLOATING_MODULES = frozenset(_FLOATING_SCOPE)
