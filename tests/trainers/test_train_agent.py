@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grpo_helpers import STEPS, TrainCLI, run_overrides
+from grpo_helpers import STEPS, TrainMain, run_overrides
 
 from agentloop.trainers.metrics import read_metrics
 
@@ -20,7 +20,7 @@ AGENT_ARGS = ["data.env=agentloop/Agent-v0", "rollout.max_response_len=96"]
     [("sync", "calc_agent:calc_agent"), ("async", "framework_agents:agents_sdk_calc_agent")],
 )
 def test_an_sdk_agent_trains_for_three_steps(
-    train_cli: TrainCLI, calc_caller_dir: Path, tmp_path: Path, mode: str, agent: str
+    train_main: TrainMain, calc_caller_dir: Path, tmp_path: Path, mode: str, agent: str
 ) -> None:
     out, log = tmp_path / "run", tmp_path / "train.log"
     config = tmp_path / "run.yaml"
@@ -28,8 +28,7 @@ def test_an_sdk_agent_trains_for_three_steps(
     args = [str(config), *run_overrides(calc_caller_dir, out), *AGENT_ARGS,
             f"data.env_kwargs.agent=agentloop.testing.{agent}", f"trainer.mode={mode}",
             "trainer.max_staleness=1", "actor.tis_cap=2.0"]  # fmt: skip
-    proc = train_cli.spawn(args, log)
-    assert proc.wait(900) == 0, log.read_text()[-3000:]
+    assert train_main(args, log) == 0, log.read_text()[-3000:]
     metrics = read_metrics(out)
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for m in metrics.values():
