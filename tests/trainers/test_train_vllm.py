@@ -8,6 +8,7 @@ with it) and resumed, must replay the same data order.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from grpo_helpers import STEPS, LocalRun, TrainCLI, hf_logprobs, run_overrides
+from grpo_helpers import STEPS, LocalRun, TrainCLI, TrainMain, hf_logprobs, run_overrides
 from waits import eventually
 
 from agentloop.io import read_jsonl
@@ -102,15 +103,20 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
-async def test_kill_9_of_the_trainer_takes_its_vllm_down_and_resume_auto_keeps_the_data_order(
-    local_run: LocalRun, train_cli: TrainCLI, tiny_model_dir: Path, tmp_path: Path
+def test_kill_9_of_the_trainer_takes_its_vllm_down_and_resume_auto_keeps_the_data_order(
+    local_run: LocalRun,
+    train_cli: TrainCLI,
+    train_main: TrainMain,
+    tiny_model_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """SIGKILL to the ``agentloop train`` process only, after step 1's checkpoint, while its
     vLLM runs. Issue 21 (item 12): the engine's processes (found before the kill) are gone
     within 60 s; a kill of the process group, as ``TrainCLI.kill`` does, would take vLLM down
     whatever the engine does. Then ``resume=auto`` continues with the same data order as the
     uninterrupted ``local_run``, on the restored weights. One run serves both checks: each is a
-    whole ``agentloop train`` start-up with vLLM (about a minute of CPU)."""
+    whole ``agentloop train`` start-up with vLLM (about a minute of CPU); the resumed run is
+    ``agentloop train`` in this process, where torch and vLLM are imported already."""
     out, log = tmp_path / "run", tmp_path / "train.log"
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")  # everything comes from the overrides, as in local_run
@@ -127,15 +133,14 @@ async def test_kill_9_of_the_trainer_takes_its_vllm_down_and_resume_auto_keeps_t
         assert engine, f"the run has no VLLM:: process: {[p.name() for p in kids]}"
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(60) == -signal.SIGKILL
-        await eventually(lambda: not _alive(engine), timeout=60)
+        asyncio.run(eventually(lambda: not _alive(engine), timeout=60))
     finally:
         for p in _alive(engine):  # never leave an engine behind, even when the test fails
             p.kill()
         with contextlib.suppress(ProcessLookupError):  # whatever else of the run is left
             os.killpg(proc.pid, signal.SIGKILL)
     assert not (out / "checkpoints" / f"step_{STEPS:08d}").exists()  # it died mid-run
-    resumed = train_cli.spawn(args, log)
-    assert resumed.wait(900) == 0, log.read_text()[-3000:]
+    assert train_main(args, log) == 0, log.read_text()[-3000:]
     assert "resumed from" in log.read_text() and "(step 1;" in log.read_text()
     assert _data_order(out) == _data_order(local_run.out)
     metrics = read_metrics(out)
