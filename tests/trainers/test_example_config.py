@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from grpo_helpers import TrainCLI
+from grpo_helpers import TrainMain
 from short_demo import DemoRun
 
 from agentloop.eval_report import SUMMARY_FILE, EvalSummary
@@ -31,7 +31,7 @@ STEPS = 1
 
 @pytest.mark.timeout(3600)  # the demo fixture included, when this test builds it
 def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_from(
-    train_cli: TrainCLI, demo_run: DemoRun, tmp_path: Path
+    train_main: TrainMain, demo_run: DemoRun, tmp_path: Path
 ) -> None:
     cfg = load_config(TrainConfig, example_config("grpo_calc_tiny"))
     assert cfg.model.path == "tiny-calc"
@@ -39,8 +39,7 @@ def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_
     args = ["grpo_calc_tiny", f"trainer.out_dir={out}", f"trainer.total_steps={STEPS}",
             "trainer.val_every=0", "data.num_val_tasks=16", "trainer.prompts_per_step=4",
             "logging.progress=false"]  # fmt: skip
-    proc = train_cli.spawn(args, log)
-    assert proc.wait(1200) == 0, log.read_text()[-3000:]
+    assert train_main(args, log) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "building it once" not in text, "the demo's SFT was not published as tiny-calc"
     [model_dir] = [
