@@ -245,7 +245,7 @@ def _check_against_checkpoint(
 
 
 class CudaIpcBuffer:
-    """One flat CUDA buffer of ``capacity`` bytes that a chunk of a weight update is packed into,
+    """One flat CUDA buffer of ``capacity`` bytes (plus alignment) that a chunk of a weight update is packed into,
     tensor by tensor: :meth:`add` checks each against the checkpoint's ``shapes`` and casts it to
     ``dtype`` into its aligned slot as it arrives. :meth:`payload` is the pickled IPC handle and
     layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the engine's
@@ -265,7 +265,10 @@ class CudaIpcBuffer:
             raise ConfigError("cuda_ipc weight transport needs the checkpoint's tensor shapes")
         self.shapes, self.dtype = shapes, dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
-        self.buffer = torch.empty(capacity, dtype=torch.uint8, device=device)
+        # each slot starts aligned: room for the padding of every tensor a chunk may hold (a
+        # capacity of the whole checkpoint's bytes, as for a small model, holds it all)
+        slack = self._ALIGN * len(shapes)
+        self.buffer = torch.empty(capacity + slack, dtype=torch.uint8, device=device)
         self._uuid = str(torch.cuda.get_device_properties(device).uuid)
         self.clear()
 
