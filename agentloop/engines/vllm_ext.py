@@ -246,11 +246,12 @@ def _check_against_checkpoint(
 
 class CudaIpcBuffer:
     """One flat CUDA buffer of ``capacity`` bytes (and the slots' alignment) that a chunk of a
-    weight update is packed into, tensor by tensor: :meth:`add` checks each against the checkpoint's ``shapes`` and casts it to
-    ``dtype`` into its aligned slot as it arrives. :meth:`payload` is the pickled IPC handle and
-    layout that :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the engine's
-    process; :meth:`clear` starts the next chunk in the same buffer, once that call has
-    returned. Keep the object alive until then."""
+    weight update is packed into, tensor by tensor: :meth:`add` checks each against the
+    checkpoint's ``shapes`` and casts it to ``dtype`` into its aligned slot as it arrives.
+    :meth:`payload` is the pickled IPC handle and layout that
+    :meth:`WeightSyncExtension.agentloop_reload_from_cuda_ipc` opens in the engine's process;
+    :meth:`clear` starts the next chunk in the same buffer, once that call has returned. Keep the
+    object alive until then."""
 
     _ALIGN = 256  # bytes; every view starts aligned for any dtype
 
