@@ -65,6 +65,7 @@ def search_r1_reward(task: Task, messages: Sequence[Message]) -> Reward:
             "has_answer": float(answer is not None),
             "search_calls": float(searches),
             "used_search": float(searches > 0),
+            "used_tool": float(any(m.tool_calls for m in messages if m.role == "assistant")),
         },
     )
 

@@ -11,11 +11,12 @@ from agentloop.errors import ConfigError
 from agentloop.models.demo_config import DemoConfigs, DemoFamily, load_family_configs
 from agentloop.models.demo_deepeyes import DEEPEYES
 from agentloop.models.demo_retool import RETOOL
+from agentloop.models.demo_search_r1 import SEARCH_R1
 
 __all__ = ["DEFAULT_FAMILY", "FAMILIES", "family_named", "load_demo_configs"]
 
 #: Every demo family; each one's shipped recipe is ``agentloop/trainers/configs/tiny_<name>/``.
-FAMILIES: dict[str, DemoFamily[Any]] = {f.name: f for f in (RETOOL, DEEPEYES)}
+FAMILIES: dict[str, DemoFamily[Any]] = {f.name: f for f in (RETOOL, DEEPEYES, SEARCH_R1)}
 DEFAULT_FAMILY = RETOOL.name
 
 

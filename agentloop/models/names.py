@@ -45,12 +45,14 @@ def _tiny_vlm() -> Path:
 #: ``model.path`` names of the models built here on first use, and what builds each (cached).
 #: ``tiny``: random weights, never solves a Calc task (exercises the pipeline, cannot learn);
 #: ``tiny-calc``: the tiny model after the demo's cold-start SFT (some Calc tasks solved, so
-#: GRPO's groups have rewards to learn from); ``tiny-vlm``: a random tiny Qwen2.5-VL;
+#: GRPO's groups have rewards to learn from); ``tiny-search-r1``: the tiny model after the
+#: Search-R1 demo's cold-start SFT; ``tiny-vlm``: a random tiny Qwen2.5-VL;
 #: ``tiny-zoom``: the tiny VLM after the DeepEyes demo's cold-start SFT (it zooms and reads the
 #: letter of ZoomVQA-v0 grid tasks, imperfectly).
 _BUILDERS: dict[str, Callable[[], Path]] = {
     "tiny": _tiny,
     "tiny-calc": _cold_start("retool"),
+    "tiny-search-r1": _cold_start("search_r1"),
     "tiny-vlm": _tiny_vlm,
     "tiny-zoom": _cold_start("deepeyes"),
 }
