@@ -20,6 +20,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "verl_run": ("e2e", "vllm", "integration", "slow"),  # one 2-step `agentloop train`, module
     "skyrl_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a skyrl-gym env
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
+    "search_r1_demo_run": ("e2e", "vllm", "integration", "slow"),  # the Search-R1 demo, shortened
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
     "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
     "chromium": ("browser", "integration"),  # headless Chromium through playwright
@@ -56,6 +57,8 @@ FLOATING: dict[str, tuple[str, ...]] = {
     # ~7 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
     "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
+    # the Search-R1 demo, shortened (its own search server, traces, SFT and GRPO)
+    "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
     # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
     "lora": ("tests/trainers/test_train_lora.py",),  # ~2.5 min alone: a 2-step LoRA run
