@@ -48,19 +48,20 @@ class SearchR1DemoConfig(DemoConfig):
     """The Search-R1 demo's ``demo:`` section. World: ``num_docs`` passages of
     corpus seed ``corpus_seed``, a ``two_hop_rate`` share of the questions about a founder,
     ``num_test`` held-out questions. Traces: ``num_traces`` rollout-format rows + ``num_compact``
-    compact rows of 4 episodes; ``guess_rate`` of the expert's episodes answer without searching,
+    compact rows of ``questions_per_compact`` episodes; ``guess_rate`` of the expert's episodes answer without searching,
     ``typo_rate`` mistype the answer; every search asks for ``topk`` passages. ``retriever``:
     the search server's URL, set while the demo's own server runs (:func:`search_server`).
     ``hidden_size`` × ``num_layers``: the base model's shape, as the ReTool demo's."""
 
     family: str = "search_r1"
     out_dir: str = "runs/demo-search-r1"
-    num_docs: int = 4000
+    num_docs: int = 8000
     corpus_seed: int = 1
     two_hop_rate: float = 0.5
     num_test: int = 200
-    num_traces: int = 400
-    num_compact: int = 400
+    num_traces: int = 200
+    num_compact: int = 600
+    questions_per_compact: int = 8
     guess_rate: float = 0.15
     typo_rate: float = 0.0
     topk: int = 1
@@ -162,6 +163,7 @@ def make_search_r1_traces(demo: SearchR1DemoConfig, path: Path) -> Path:
         retriever=demo.retriever,
         num_traces=demo.num_traces,
         num_compact=demo.num_compact,
+        questions_per_compact=demo.questions_per_compact,
         guess_rate=demo.guess_rate,
         typo_rate=demo.typo_rate,
         topk=demo.topk,
