@@ -45,13 +45,13 @@ _MAX_CHARS = 300  # passages' characters a search shows (the traces and grpo.yam
 
 @dataclass(frozen=True)
 class SearchR1DemoConfig(DemoConfig):
-    """The Search-R1 demo's ``demo:`` section. World: ``num_docs`` passages of
-    corpus seed ``corpus_seed``, a ``two_hop_rate`` share of the questions about a founder,
-    ``num_test`` held-out questions. Traces: ``num_traces`` rollout-format rows + ``num_compact``
-    compact rows of ``questions_per_compact`` episodes; ``guess_rate`` of the expert's episodes answer without searching,
-    ``typo_rate`` mistype the answer; every search asks for ``topk`` passages. ``retriever``:
-    the search server's URL, set while the demo's own server runs (:func:`search_server`).
-    ``hidden_size`` × ``num_layers``: the base model's shape, as the ReTool demo's."""
+    """The Search-R1 demo's ``demo:`` section. World: ``num_docs`` passages of corpus seed
+    ``corpus_seed``, a ``two_hop_rate`` share of the questions about a founder, ``num_test``
+    held-out questions. Traces: ``num_traces`` rollout-format rows + ``num_compact`` compact
+    rows of ``questions_per_compact`` episodes; ``guess_rate`` of the expert's episodes answer
+    without searching, ``typo_rate`` mistype the answer; every search asks for ``topk``
+    passages. ``retriever``: the search server's URL, set while the demo's own server runs
+    (:func:`search_server`). ``hidden_size`` × ``num_layers``: the base model's shape."""
 
     family: str = "search_r1"
     out_dir: str = "runs/demo-search-r1"

@@ -40,7 +40,7 @@ def test_the_gpu_overlay_is_a_bigger_model_on_cuda_with_cuda_graphs(tmp_path: Pa
 
 
 def test_bad_settings_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="grpo data.env='agentloop/Calc-v0'"):
+    with pytest.raises(ConfigError, match=r"grpo data\.env='agentloop/Calc-v0'"):
         load_demo_configs(
             [f"demo.out_dir={tmp_path}", "grpo.data.env=agentloop/Calc-v0"], recipe="search_r1"
         )
@@ -48,7 +48,7 @@ def test_bad_settings_are_named(tmp_path: Path) -> None:
         load_demo_configs(
             [f"demo.out_dir={tmp_path}", "grpo.data.env_kwargs.max_chars=500"], recipe="search_r1"
         )
-    with pytest.raises(ConfigError, match="demo.topk=0"):
+    with pytest.raises(ConfigError, match=r"demo\.topk=0"):
         SearchR1DemoConfig(topk=0)
-    with pytest.raises(ConfigError, match="demo.retriever is empty"):
+    with pytest.raises(ConfigError, match=r"demo\.retriever is empty"):
         make_search_r1_traces(SearchR1DemoConfig(out_dir=str(tmp_path)), tmp_path / "t.jsonl")
