@@ -24,7 +24,7 @@ from agentloop.envs.calc_traces import write_traces
 from agentloop.envs.registry import make
 from agentloop.envs.search_qa import synthetic_corpus, write_corpus
 from agentloop.errors import EnvError
-from agentloop.tools.search import Retriever
+from agentloop.tools.search import Passage, Retriever
 from agentloop.types import Message, Task, ToolCall
 
 __all__ = [
@@ -97,9 +97,8 @@ def search_world(
 
 def write_search_world(world: SearchWorld, out: Path) -> dict[str, Path]:
     """Write ``corpus.jsonl``, ``train.jsonl`` and ``test.jsonl`` under ``out``; their paths."""
-    from agentloop.tools.search import Passage
-
-    paths = {"corpus": write_corpus(out / "corpus.jsonl", [Passage(**d) for d in world.corpus])}
+    passages = [Passage(d["id"], d["title"], d["text"]) for d in world.corpus]
+    paths = {"corpus": write_corpus(out / "corpus.jsonl", passages)}
     for name, rows in world.splits.items():
         paths[name] = write_traces(rows, out / f"{name}.jsonl")
     return paths

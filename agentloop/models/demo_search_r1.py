@@ -152,11 +152,8 @@ def search_server(corpus: Path, index: Path) -> Iterator[str]:
 def make_search_r1_traces(demo: SearchR1DemoConfig, path: Path) -> Path:
     """Play the scripted expert through SearchR1-v0 into ``path``, searching the server
     ``demo.retriever`` (the family's ``services`` start it and set it)."""
-    from agentloop.envs.search_r1_traces import (
-        SearchTraceConfig,
-        make_search_traces,
-        write_traces,
-    )
+    from agentloop.envs.calc_traces import write_traces
+    from agentloop.envs.search_r1_traces import SearchTraceConfig, make_search_traces
 
     traces = SearchTraceConfig(
         files=demo.files,
