@@ -1,12 +1,13 @@
 """Search-R1 demo data: QA task files over a generated corpus, and a scripted expert's SFT traces.
 
-The corpus is :func:`~agentloop.envs.search_qa.synthetic_corpus` (made-up people, cities and
-companies, so no answer can be known without reading its passage). Its facts become
-agentloop/SearchR1-v0 task files: one-hop questions ("In which city was Brakou Denth born?") and
-two-hop ones ("In which city was the founder of Velkor Systems born?": the company's passage names
+The corpus is generated: people, companies and cities named by random codes ("Person 5521 was
+born in city 7310.", "Company 4821 was founded by person 5521."), so no answer can be known without
+reading its passage, and a query copies digits from the question. Its facts become
+agentloop/SearchR1-v0 task files: one-hop questions ("In which city was person 5521 born?") and
+two-hop ones ("In which city was the founder of company 4821 born?": the company's passage names
 the founder, the founder's passage the city). The expert plays the real env against a real
 retrieval server: it searches each name it needs, reads the passage and answers
-``<answer>City</answer>``; a share of its episodes answer without searching (a guess) or mistype
+``<answer>7310</answer>``; a share of its episodes answer without searching (a guess) or mistype
 the answer, so a model cloned from the traces is imperfect where RL can improve it.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from agentloop.envs.calc_traces import write_traces
 from agentloop.envs.registry import make
-from agentloop.envs.search_qa import synthetic_corpus, write_corpus
+from agentloop.envs.search_qa import write_corpus
 from agentloop.errors import EnvError
 from agentloop.tools.search import Passage, Retriever
 from agentloop.types import Message, Task, ToolCall
@@ -37,8 +38,7 @@ __all__ = [
 ]
 
 SEARCH_R1_ENV_ID = "agentloop/SearchR1-v0"
-_PERSON = re.compile(r"^(?P<name>.+?) is an? \w+ born in (?P<city>\w+) in \d{4}\.$")
-_COMPANY = re.compile(r"^(?P<name>.+?) is an? \w+ company founded in \d{4} by (?P<founder>.+?)\.")
+_CITIES = 500  # birth cities, each a random code: no answer is more likely than another
 
 
 @dataclass(frozen=True)
@@ -49,31 +49,57 @@ class SearchWorld:
     splits: dict[str, tuple[dict[str, Any], ...]]
 
 
+def _codes(count: int, rng: random.Random) -> list[str]:
+    """``count`` distinct random codes of the fewest digits (>= 4) that hold them."""
+    digits = 4
+    while 9 * 10 ** (digits - 1) < count:
+        digits += 1
+    return [str(c) for c in rng.sample(range(10 ** (digits - 1), 10**digits), count)]
+
+
+def _passages(
+    num_docs: int, rng: random.Random
+) -> tuple[list[dict[str, str]], dict[str, str], dict[str, str]]:
+    """``num_docs`` passages (2/3 people, 1/3 companies founded by distinct people), each
+    person's birth city and each founder's company."""
+    people_n = num_docs * 2 // 3
+    codes = _codes(people_n + (num_docs - people_n) + _CITIES, rng)
+    people = [f"person {c}" for c in codes[:people_n]]
+    companies = [f"company {c}" for c in codes[people_n:num_docs]]
+    cities = codes[num_docs:]
+    born = {p: rng.choice(cities) for p in people}
+    founders = rng.sample(people, len(companies))
+    corpus = [(p, f"Person {p.split()[1]} was born in city {born[p]}.") for p in people]
+    founded = dict(zip(founders, companies, strict=True))
+    corpus += [(c, f"Company {c.split()[1]} was founded by {f}.") for f, c in founded.items()]
+    rng.shuffle(corpus)
+    rows = [
+        {"id": f"sr1doc-{i:05d}", "title": title, "text": text}
+        for i, (title, text) in enumerate(corpus)
+    ]
+    return rows, born, founded
+
+
 def search_world(
     num_docs: int = 2000, seed: int = 1, two_hop_rate: float = 0.0, num_test: int = 200
 ) -> SearchWorld:
-    """Task rows ``{id, prompt, answer: [city], source: 1hop|2hop, hops: [names searched]}`` over
-    ``synthetic_corpus(num_docs, seed)``: a question per person (its birth city) or, for a
+    """Task rows ``{id, prompt, answer: [city code], source: 1hop|2hop, hops: [names searched]}``
+    over ``num_docs`` generated passages ("Person 5521 was born in city 7310.", "Company 4821 was
+    founded by person 5521."): a question per person (its birth city) or, for a
     ``two_hop_rate`` share of the people who founded a company, per company (its founder's birth
-    city). ``num_test`` of them, people and companies of their own, are the ``test`` split."""
-    if not 0.0 <= two_hop_rate <= 1.0 or num_test < 1:
+    city). Entities are named by random codes, which a small model copies as easily as digits.
+    ``num_test`` of them, people and companies of their own, are the ``test`` split."""
+    if not 0.0 <= two_hop_rate <= 1.0 or num_test < 1 or num_docs < 3:
         raise EnvError(
-            f"two_hop_rate={two_hop_rate} must be in [0, 1] and num_test={num_test} >= 1"
+            f"two_hop_rate={two_hop_rate} must be in [0, 1], num_test={num_test} >= 1 and "
+            f"num_docs={num_docs} >= 3"
         )
-    passages = synthetic_corpus(num_docs, seed)
-    born: dict[str, str] = {}
-    founded: dict[str, list[str]] = {}
-    for p in passages:
-        if m := _PERSON.match(p.text):
-            born[m["name"]] = m["city"]
-        elif m := _COMPANY.match(p.text):
-            founded.setdefault(m["founder"], []).append(m["name"])
     rng = random.Random(f"search-r1-demo/{seed}")
+    corpus, born, founded = _passages(num_docs, rng)
     rows = []
     for person, city in born.items():
-        companies = founded.get(person, [])
-        if companies and rng.random() < two_hop_rate:
-            company = rng.choice(companies)
+        company = founded.get(person)
+        if company and rng.random() < two_hop_rate:
             prompt, source = f"In which city was the founder of {company} born?", "2hop"
             hops = [company, person]
         else:
@@ -85,9 +111,8 @@ def search_world(
         )
     rng.shuffle(rows)
     splits = {"test": rows[:num_test], "train": rows[num_test:]}
-    corpus = tuple({"id": p.id, "title": p.title, "text": p.text} for p in passages)
     return SearchWorld(
-        corpus,
+        tuple(corpus),
         {
             name: tuple({"id": f"sr1demo-{name}-{i:05d}", **r} for i, r in enumerate(split))
             for name, split in splits.items()
@@ -146,7 +171,8 @@ _Episode = tuple[list[Message], list[dict[str, Any]], float]
 
 def _mistype(word: str, rng: random.Random) -> str:
     pos = rng.randrange(1, len(word)) if len(word) > 1 else 0
-    letter = rng.choice([c for c in "aeioukrstn" if c != word[pos].lower()])
+    alphabet = "0123456789" if word.isdigit() else "aeioukrstn"
+    letter = rng.choice([c for c in alphabet if c != word[pos].lower()])
     return word[:pos] + letter + word[pos + 1 :]
 
 
@@ -154,7 +180,7 @@ def _read(observation: Sequence[Message], name: str, pattern: str) -> str:
     """The fact ``pattern`` (a regex with one group) of ``name``'s passage in a tool output."""
     text = observation[0].content if observation else ""
     for line in text.splitlines():
-        if m := re.search(rf"\({re.escape(name)}\): .*?{pattern}", line):
+        if m := re.search(rf"\({re.escape(name)}\): .*?{pattern}", line, re.IGNORECASE):
             return m[1]
     raise EnvError(
         f"the search for {name!r} did not return its passage ({text[:200]!r}); the retrieval "
@@ -182,9 +208,9 @@ async def _episode(
             step = await env.step(messages[-1])
             messages += step.observation
             if i + 1 < len(names):
-                names[i + 1] = _read(step.observation, name, r"founded in \d{4} by (.+?)\.")
+                names[i + 1] = _read(step.observation, name, r"founded by (person \d+)\.")
             else:
-                answer = _read(step.observation, name, r"is an? \w+ born in (\w+)")
+                answer = _read(step.observation, name, r"was born in city (\d+)")
         if kind == "typo":
             answer = _mistype(answer, rng)
         messages.append(Message("assistant", f"<answer>{answer}</answer>"))

@@ -55,7 +55,7 @@ class SearchR1DemoConfig(DemoConfig):
 
     family: str = "search_r1"
     out_dir: str = "runs/demo-search-r1"
-    num_docs: int = 8000
+    num_docs: int = 6000
     corpus_seed: int = 1
     two_hop_rate: float = 0.5
     num_test: int = 200

@@ -75,7 +75,8 @@ def test_the_demo_stops_its_search_server(
         if "serve-search" in (p.info["cmdline"] or []) and str(out) in " ".join(p.info["cmdline"])
     ]  # fmt: skip
     assert not servers, f"search servers left running: {servers}"
-    assert "serving 4000 passages (bm25)" in (out / "data" / "serve-search.log").read_text()
+    log = (out / "data" / "serve-search.log").read_text()
+    assert f"serving {configs.demo.num_docs} passages (bm25)" in log
     # the traces searched the demo's own server
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     assert any(m.get("role") == "tool" for r in traces for m in r["messages"])
