@@ -1,11 +1,12 @@
 """The Search-R1 demo (``agentloop demo --recipe search_r1``): its data, search server, traces.
 
-An LM learns to search: the questions ask for a made-up person's birth city (one hop) or a made-up
-company founder's birth city (two hops) in a generated corpus (``envs/search_r1_traces.py``), so
-no answer can be known without retrieval. The demo writes the corpus and the
-agentloop/SearchR1-v0 task files under ``demo.out_dir``, starts the real ``agentloop serve-search``
-BM25 server on a free loopback port for the traces and the RL stage (and stops it by PID), has a
-scripted expert play the env into the SFT traces, and points GRPO at the server and the files.
+An LM learns to search: the questions ask for a person's birth city (one hop) or a company
+founder's birth city (two hops), all named by random codes, in a generated corpus
+(``envs/search_r1_traces.py``), so no answer can be known without retrieval. The demo writes the
+corpus and the agentloop/SearchR1-v0 task files under ``demo.out_dir``, starts the real
+``agentloop serve-search`` BM25 server on a free loopback port for the traces and the RL stage
+(and stops it by PID), has a scripted expert play the env into the SFT traces, and points GRPO
+at the server and the files.
 The three configs ship in ``trainers/configs/tiny_search_r1/`` (``recipes/tiny_search_r1/``).
 """
 

@@ -25,11 +25,12 @@ from agentloop.models.demo_report import RESULT_FILE
 #: GRPO steps (the demo runs 8).
 SHORT_STEPS = 4
 
-#: A whole run (~15 minutes on one core) that cannot pass yet: the shipped cold start scores 0 on
-#: held-out questions, so GRPO has no mixed group (recipes/tiny_search_r1/README.md).
+#: A whole run (~15 minutes on one core) that cannot pass yet: the cold start does not copy the
+#: question's code into its query, so it scores 0 on held-out questions and GRPO has no mixed
+#: group (recipes/tiny_search_r1/README.md).
 pytestmark = pytest.mark.skip(
-    reason="the Search-R1 demo's cold start does not copy names yet (held-out pass@1 0.000); "
-    "see recipes/tiny_search_r1/README.md"
+    reason="the Search-R1 demo's cold start does not copy codes into its query yet (held-out "
+    "pass@1 0.000); see recipes/tiny_search_r1/README.md"
 )
 
 
@@ -59,7 +60,7 @@ def test_short_search_r1_demo_rl_beats_the_sft_checkpoint(
     sft_ids = sorted(r["task_id"] for r in read_run(result.sft_eval))
     rl_ids = sorted(r["task_id"] for r in read_run(result.rl_eval))
     assert sft_ids == rl_ids and len(set(sft_ids)) == configs.grpo.data.num_val_tasks
-    # the answers are made-up cities: right answers come from the search tool
+    # the answers are random city codes: right answers come from the search tool
     assert record["tool_use_of_correct"] >= 0.9, record
     assert record["tool_call_rate_rl"] > record["tool_call_rate_sft"] - 0.05, record
     assert result.curve_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
