@@ -50,10 +50,11 @@ def test_resolve_model_keeps_a_directory_and_names_the_fix_for_anything_else(
     assert resolve_model(cfg) is cfg  # already a directory: nothing to build
     assert resolve_model_path(str(tmp_path)) == tmp_path.resolve()
     with pytest.raises(
-        ConfigError, match=r"model.path='nope'.*tiny, tiny-calc, tiny-search-r1, tiny-vlm"
+        ConfigError,
+        match=r"model.path='nope'.*tiny, tiny-calc, tiny-search-r1, tiny-vlm, tiny-zoom",
     ):
         resolve_model_path("nope")
-    assert MODEL_NAMES == ("tiny", "tiny-calc", "tiny-search-r1", "tiny-vlm")
+    assert MODEL_NAMES == ("tiny", "tiny-calc", "tiny-search-r1", "tiny-vlm", "tiny-zoom")
 
 
 def test_resolve_model_replaces_a_name_by_its_built_directory(tiny_model_dir: Path) -> None:
