@@ -154,6 +154,8 @@ def test_every_recipe_config_is_covered() -> None:
     covered = set(EXPECTED) | {("retool", "sft_7b"), ("retool", "sft_32b")}
     # trained for 3 steps: tests/vision/test_vlm_rollout.py, tests/trainers/test_train_vlm.py
     covered |= {("deepeyes", "tiny")}
-    # tests/recipes/test_demo.py; the GPU overlay: tests/recipes/test_demo_config.py
-    demo = {("tiny_retool", n) for n in ("demo", "sft", "grpo", "gpu")}
+    # tests/recipes/test_demo.py; the GPU overlays: tests/recipes/test_demo_config.py,
+    # test_demo_deepeyes_config.py and test_demo_search_r1_config.py
+    families = ("tiny_retool", "tiny_deepeyes", "tiny_search_r1")
+    demo = {(f, n) for f in families for n in ("demo", "sft", "grpo", "gpu")}
     assert shipped == covered | demo
