@@ -18,7 +18,14 @@ from agentloop.envs.registry import make
 from agentloop.errors import EnvError
 from agentloop.types import Message, Task, ToolCall
 
-__all__ = ["CALC_ENV_ID", "TraceConfig", "expert_expression", "make_calc_traces", "write_traces"]
+__all__ = [
+    "CALC_ENV_ID",
+    "TraceConfig",
+    "expert_expression",
+    "make_calc_traces",
+    "trace_row",
+    "write_traces",
+]
 
 CALC_ENV_ID = "agentloop/Calc-v0"
 _NUMBER = re.compile(r"\d+")
@@ -192,12 +199,14 @@ async def _episode(
     return messages, env.tool_schemas, float(final.reward)
 
 
-def _row(
+def trace_row(
     episodes: Sequence[tuple[list[Message], list[dict[str, Any]], float]],
     tasks: Sequence[Task],
     *,
     with_tools: bool,
 ) -> dict[str, Any]:
+    """One SFT row of consecutive expert episodes (messages, tool schemas, reward) as one
+    conversation: ``tools`` on a rollout-format row, the tasks' ids and answers, mean reward."""
     messages = list(episodes[0][0])
     for later, _, _ in episodes[1:]:  # the next question continues the conversation
         messages += [m for m in later if m.role != "system"]
@@ -242,9 +251,10 @@ async def make_calc_traces(config: TraceConfig) -> list[dict[str, Any]]:
 
     episodes = list(await asyncio.gather(*(one(i) for i in range(n))))
     k, full = config.questions_per_compact, config.num_traces
-    rows = [_row(episodes[i : i + 1], tasks[i : i + 1], with_tools=True) for i in range(full)]
+    rows = [trace_row(episodes[i : i + 1], tasks[i : i + 1], with_tools=True) for i in range(full)]
     rows += [
-        _row(episodes[i : i + k], tasks[i : i + k], with_tools=False) for i in range(full, n, k)
+        trace_row(episodes[i : i + k], tasks[i : i + k], with_tools=False)
+        for i in range(full, n, k)
     ]
     rng.shuffle(rows)
     return rows

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentloop.envs.calc_traces import write_traces
+from agentloop.envs.calc_traces import trace_row, write_traces
 from agentloop.envs.registry import make
 from agentloop.envs.search_qa import write_corpus
 from agentloop.errors import EnvError
@@ -220,30 +220,6 @@ async def _episode(
     return messages, env.tool_schemas, float(final.reward)
 
 
-def _row(
-    episodes: Sequence[_Episode], tasks: Sequence[Task], *, with_tools: bool
-) -> dict[str, Any]:
-    messages = list(episodes[0][0])
-    for later, _, _ in episodes[1:]:  # the next question continues the conversation
-        messages += [m for m in later if m.role != "system"]
-    row: dict[str, Any] = {"messages": [_openai_dict(m) for m in messages]}
-    if with_tools:
-        row["tools"] = episodes[0][1]
-    row.update(
-        task_ids=[t.id for t in tasks],
-        answers=[t.data["answer"] for t in tasks],
-        reward=sum(e[2] for e in episodes) / len(episodes),
-    )
-    return row
-
-
-def _openai_dict(m: Message) -> dict[str, Any]:
-    out = m.to_dict()
-    if m.role == "tool":
-        out.setdefault("tool_call_id", m.tool_call_id or "call_0")
-    return out
-
-
 async def make_search_traces(config: SearchTraceConfig) -> list[dict[str, Any]]:
     """Play the scripted expert on the train tasks of ``config.files`` through the real
     SearchR1-v0 env and its search server: JSON-ready rows as ``make_calc_traces`` writes them
@@ -270,9 +246,10 @@ async def make_search_traces(config: SearchTraceConfig) -> list[dict[str, Any]]:
 
     episodes = list(await asyncio.gather(*(one(i) for i in range(n))))
     k, full = config.questions_per_compact, config.num_traces
-    rows = [_row(episodes[i : i + 1], tasks[i : i + 1], with_tools=True) for i in range(full)]
+    rows = [trace_row(episodes[i : i + 1], tasks[i : i + 1], with_tools=True) for i in range(full)]
     rows += [
-        _row(episodes[i : i + k], tasks[i : i + k], with_tools=False) for i in range(full, n, k)
+        trace_row(episodes[i : i + k], tasks[i : i + k], with_tools=False)
+        for i in range(full, n, k)
     ]
     rng.shuffle(rows)
     return rows
