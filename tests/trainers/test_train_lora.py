@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 import torch
-from grpo_helpers import TrainRun, engine_vs_trainer, hf_logprobs, probe_prompts, run_overrides
+from grpo_helpers import (
+    TrainMain,
+    TrainRun,
+    engine_vs_trainer,
+    hf_logprobs,
+    probe_prompts,
+    run_overrides,
+)
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -25,7 +32,7 @@ RANK = 4
 
 
 def test_lora_grpo_syncs_the_adapter_alone_and_the_engine_matches_the_trainer(
-    train_run: TrainRun, tiny_model_dir: Path, tmp_path: Path
+    train_run: TrainRun, train_main: TrainMain, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     rows: dict[int, list[Any]] = {}
@@ -67,3 +74,35 @@ def test_lora_grpo_syncs_the_adapter_alone_and_the_engine_matches_the_trainer(
     for step, m in metrics.items():
         assert m["sync/bytes"] == adapter_bytes, step
         assert m["mismatch/abs_diff_mean"] < 1e-5, step
+    _resume_continues_identically(result.out_dir, overrides, train_main, tmp_path)
+
+
+def _resume_continues_identically(
+    run: Path, overrides: list[str], train_main: TrainMain, tmp_path: Path
+) -> None:
+    """``agentloop train`` resumed from the run's step-1 LoRA checkpoint (in a new run dir)
+    plays and trains step 2 exactly as the uninterrupted run did: the same episodes (the
+    restored adapter reached the engine), the same losses, the same step-2 adapter."""
+    config, log, out = tmp_path / "run.yaml", tmp_path / "resume.log", tmp_path / "resumed"
+    config.write_text("{}\n")
+    step_1 = run / "checkpoints" / f"step_{1:08d}"
+    args = [str(config), *overrides, f"trainer.out_dir={out}", f"checkpoint.resume={step_1}"]
+    assert train_main(args, log) == 0, log.read_text()[-3000:]
+    assert f"resumed from {step_1}" in log.read_text()
+    before, after = read_metrics(run)[STEPS], read_metrics(out)
+    assert sorted(after) == [STEPS]
+    for key in (
+        "rollout/reward_mean",
+        "rollout/response_len_mean",
+        "actor/pg_loss",
+        "actor/grad_norm",
+    ):
+        assert after[STEPS][key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), key
+    assert after[STEPS]["mismatch/abs_diff_mean"] < 1e-5
+    ckpt = f"checkpoints/step_{STEPS:08d}"
+    want = export_checkpoint(run / ckpt, tmp_path / "want").path / "adapter_model.safetensors"
+    got = export_checkpoint(out / ckpt, tmp_path / "got").path / "adapter_model.safetensors"
+    expected, actual = load_file(want), load_file(got)
+    assert sorted(actual) == sorted(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, atol=1e-6, rtol=0, msg=name)
