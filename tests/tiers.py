@@ -62,7 +62,7 @@ FLOATING: dict[str, tuple[str, ...]] = {
     "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
     # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
-    "lora": ("tests/trainers/test_train_lora.py",),  # ~2.5 min alone: a 2-step LoRA run
+    "lora": ("tests/trainers/test_train_lora.py",),  # ~3.5 min alone: a 2-step LoRA run, resumed
     "loop_workers": ("tests/test_loop_workers.py",),  # ~2.3 min: worker processes, no engine
     "skyrl": ("tests/trainers/test_train_skyrl.py",),  # one 2-step run
     "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~1.7 min
