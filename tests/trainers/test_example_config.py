@@ -8,7 +8,8 @@ core), validated only before it: it shows the model is the demo's, that it solve
 before any RL, and that its groups hold the mixed rewards GRPO learns from.
 That the same model and RL settings learn is the demo test's claim (tests/recipes/test_demo.py:
 RL beats the SFT checkpoint on paired held-out tasks); the full example's numbers are in its
-header.
+header. The LoRA variant is the training guide's command (``actor.lora.rank=16``): the same step
+with adapters on the policy, each sync the adapter alone.
 """
 
 from __future__ import annotations
@@ -27,18 +28,21 @@ from agentloop.trainers.config import TrainConfig, example_config, load_config
 from agentloop.trainers.metrics import read_metrics
 
 STEPS = 1
+#: docs/guides/training.md, LoRA: the example with adapters
+LORA = ("actor.lora.rank=16", "actor.lora.alpha=32", "actor.lr=1e-3")
 
 
 @pytest.mark.timeout(3600)  # the demo fixture included, when this test builds it
+@pytest.mark.parametrize("lora", [(), LORA], ids=["full", "lora"])
 def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_from(
-    train_main: TrainMain, demo_run: DemoRun, tmp_path: Path
+    train_main: TrainMain, demo_run: DemoRun, tmp_path: Path, lora: tuple[str, ...]
 ) -> None:
     cfg = load_config(TrainConfig, example_config("grpo_calc_tiny"))
     assert cfg.model.path == "tiny-calc"
     out, log = tmp_path / "run", tmp_path / "train.log"
     args = ["grpo_calc_tiny", f"trainer.out_dir={out}", f"trainer.total_steps={STEPS}",
             "trainer.val_every=0", "data.num_val_tasks=16", "trainer.prompts_per_step=4",
-            "logging.progress=false"]  # fmt: skip
+            "logging.progress=false", *lora]  # fmt: skip
     assert train_main(args, log) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "building it once" not in text, "the demo's SFT was not published as tiny-calc"
@@ -59,5 +63,8 @@ def test_the_shipped_example_starts_from_the_demos_sft_and_has_rewards_to_learn_
         groups.setdefault((r["step"], r["group"]), []).append(r["reward"])
     mixed = [g for g in groups.values() if min(g) < max(g)]
     assert mixed, f"no group's rewards differed: GRPO had nothing to learn from: {groups}"
+    model_bytes = (Path(model_dir) / "model.safetensors").stat().st_size
     for step, m in metrics.items():
         assert m["rollout/failed_frac"] == 0.0 and m["adv/abs_mean"] > 0, (step, m)
+        # full fine-tuning syncs every weight; LoRA the adapter alone, a small share of them
+        assert (m["sync/bytes"] < model_bytes / 10) == bool(lora), (m["sync/bytes"], model_bytes)
