@@ -20,7 +20,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from workload import Workload  # noqa: E402  (bench/peers is not a package)
 
-
 CONFIG = HERE / "agentloop_race.yaml"
 
 

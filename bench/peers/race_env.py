@@ -8,9 +8,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from workload import prompt_text, tool_result_text  # bench/peers is on sys.path
+
 from agentloop.envs import Env, StepResult, register
 from agentloop.types import Message, Task
-from workload import prompt_text, tool_result_text  # bench/peers is on sys.path
 
 
 class RaceEnv(Env):

@@ -183,7 +183,10 @@ def _f(x: float | None, fmt: str = ".2f") -> str:
 
 def table(runs: list[SystemRun], machine: str) -> str:
     """The markdown report: every step of every system, then the medians and the ratios."""
-    head = "| system | step | wall s | gen s | old logprobs s | update s | sync s | other s | sampled tok/s | peak GPU mem GB |"
+    head = (
+        "| system | step | wall s | gen s | old logprobs s | update s | sync s | other s "
+        "| sampled tok/s | peak GPU mem GB |"
+    )
     lines = [f"GRPO step race on {machine}", "", head, "|" + "---|" * 10]
     for run in runs:
         if not run.steps:
@@ -193,7 +196,8 @@ def table(runs: list[SystemRun], machine: str) -> str:
             mem = s.peak_mem_gb if s.peak_mem_gb is not None else run.peak_gpu_mem_gb
             lines.append(
                 f"| {run.system} | {label} | {s.wall:.2f} | {s.gen:.2f} | {s.old_logprobs:.2f} | "
-                f"{s.update:.2f} | {s.sync:.3f} | {s.other:.2f} | {s.tokens_per_s:,.0f} | {_f(mem, '.1f')} |"
+                f"{s.update:.2f} | {s.sync:.3f} | {s.other:.2f} | {s.tokens_per_s:,.0f} | "
+                f"{_f(mem, '.1f')} |"
             )
     lines += ["", "Median of the timed steps (after the warm-up); ratio = agentloop ÷ best peer "
               "(time: below 1 is agentloop faster; tok/s: above 1 is).", ""]  # fmt: skip
@@ -204,7 +208,9 @@ def table(runs: list[SystemRun], machine: str) -> str:
         lines.append(f"| {name} | " + " | ".join(_f(m[c]) for c in cols) + " |")
     ratios = ratio_row(med)
     if ratios:
-        lines.append("| agentloop ÷ best peer | " + " | ".join(_f(ratios.get(c)) for c in cols) + " |")
+        lines.append(
+            "| agentloop ÷ best peer | " + " | ".join(_f(ratios.get(c)) for c in cols) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

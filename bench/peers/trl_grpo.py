@@ -107,7 +107,8 @@ def make_callback(out: Path) -> Any:
             if self.pending is None or not logs or "completions/mean_length" not in logs:
                 return
             row = {**self.pending, "mean_completion_len": logs["completions/mean_length"],
-                   "trl_logs": {k: v for k, v in logs.items() if isinstance(v, int | float)}}  # fmt: skip
+                   "trl_logs": {k: v for k, v in logs.items()
+                                if isinstance(v, int | float)}}  # fmt: skip
             self.pending = None
             line = TRL_TAG + json.dumps(row)
             print(line, flush=True)
@@ -161,7 +162,9 @@ def main() -> None:
     w = Workload(shape=args.shape, variant=args.variant, steps=args.steps, prompts=args.prompts,
                  response_len=args.response_len)  # fmt: skip
     if w.variant != "single":
-        raise SystemExit("trl_grpo.py runs the single-turn variant only (multiturn: not staged yet)")
+        raise SystemExit(
+            "trl_grpo.py runs the single-turn variant only (multiturn: not staged yet)"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     random.seed(0)
     record_trl_timers()

@@ -65,7 +65,21 @@ class Workload:
         return self.prompts * self.samples
 
 
-PROMPT_WORDS = "the a of and to in is def print return if else for".split()
+PROMPT_WORDS = [
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "def",
+    "print",
+    "return",
+    "if",
+    "else",
+    "for",
+]
 
 
 def prompt_text(i: int) -> str:
@@ -81,7 +95,9 @@ def tool_result_text() -> str:
 
 def gpu_models() -> Any:
     """``bench/gpu/models.py`` (the GPU benches' model builder), loaded by path."""
-    spec = importlib.util.spec_from_file_location("bench_gpu_models", HERE.parent / "gpu" / "models.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_gpu_models", HERE.parent / "gpu" / "models.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
