@@ -134,6 +134,8 @@ def race_tokenizer(src: Path, dest: Path, size: int) -> Path:
 
 def build_model(shape: str, tokenizer: Path, out: Path) -> Path:
     """The race's model dir (reused when present): random-init ``shape``, padded tokenizer."""
+    if (out / "config.json").exists():  # built by an earlier command on this machine
+        return out
     models = gpu_models()
     size = SHAPES[shape]
     vocab = models.SIZES[size]["vocab_size"]
