@@ -48,8 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variant", default="single", choices=VARIANTS)
     p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     p.add_argument("--steps", type=int, default=5, help="steps per system, the first a warm-up")
-    p.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu-stage" / "race-tokenizer",
-                   help="tokenizer dir (stage.sh pads the tiny one: .gpu-stage/race-tokenizer)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=ROOT / ".gpu-stage" / "race-tokenizer",
+        help="tokenizer dir (stage.sh pads the tiny one: .gpu-stage/race-tokenizer)",
+    )
     p.add_argument("--models", type=Path, default=Path("/root/models"))
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per system")
     p.add_argument("--merge", action="store_true", help="run nothing; merge the kept runs")
