@@ -11,14 +11,13 @@ The phases are agentloop's own ``metrics.jsonl`` timers (``timing_s/gen``, ``old
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from workload import Workload  # noqa: E402  (bench/peers is not a package)
+from workload import Workload, step_parser, workload_of  # noqa: E402  (bench/peers is not a package)
 
 CONFIG = HERE / "agentloop_race.yaml"
 
@@ -38,15 +37,10 @@ def overrides(w: Workload, model: Path, out: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--shape", default="0.5b")
-    parser.add_argument("--variant", default="single")
-    parser.add_argument("--steps", type=int, default=5)
+    parser = step_parser(__doc__)
     parser.add_argument("--print", action="store_true", help="print the command and stop")
     args = parser.parse_args()
-    w = Workload(shape=args.shape, variant=args.variant, steps=args.steps)
+    w = workload_of(args)
     if w.variant != "single":
         raise SystemExit("agentloop_grpo.py: the multiturn variant needs a per-turn token cap")
     argv = ["train", str(CONFIG), *overrides(w, args.model, args.out)]

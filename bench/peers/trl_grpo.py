@@ -13,7 +13,6 @@ optimizer). One line per step, ``RACE_TRL_STEP {json}``, goes to stdout and ``DI
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from results import TRL_TAG  # noqa: E402  (bench/peers is not a package)
-from workload import Workload, prompt_text  # noqa: E402
+from workload import Workload, prompt_text, step_parser  # noqa: E402
 
 Event = tuple[str, float, float]  # (TRL's timer name, start, end) in perf_counter seconds
 EVENTS: list[Event] = []
@@ -148,12 +147,7 @@ def random_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--shape", default="0.5b")
-    parser.add_argument("--variant", default="single")
-    parser.add_argument("--steps", type=int, default=5)
+    parser = step_parser(__doc__)
     parser.add_argument("--micro-batch", type=int, default=32, help="sequences per micro-batch")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--response-len", type=int, default=512)

@@ -12,7 +12,6 @@ flash-attn is not staged: the actor runs SDPA on padded batches (``use_remove_pa
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from workload import Workload, prompt_text  # noqa: E402  (bench/peers is not a package)
+from workload import Workload, prompt_text, step_parser, workload_of  # noqa: E402  (bench/peers is not a package)
 
 REWARD = '''"""Random scores in [0, 1): nonzero advantages in every group, as the others get."""
 import random
@@ -77,15 +76,10 @@ def overrides(w: Workload, model: Path, data: Path, reward: Path, out: Path) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--shape", default="0.5b")
-    parser.add_argument("--variant", default="single")
-    parser.add_argument("--steps", type=int, default=5)
+    parser = step_parser(__doc__)
     parser.add_argument("--print", action="store_true", help="print the command and stop")
     args = parser.parse_args()
-    w = Workload(shape=args.shape, variant=args.variant, steps=args.steps)
+    w = workload_of(args)
     if w.variant != "single":
         raise SystemExit("verl_grpo.py runs the single-turn variant only (multiturn: not staged)")
     args.out.mkdir(parents=True, exist_ok=True)

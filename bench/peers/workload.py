@@ -82,6 +82,22 @@ PROMPT_WORDS = [
 ]
 
 
+def step_parser(description: str | None) -> argparse.ArgumentParser:
+    """The arguments every system's GRPO-step script takes (race.py passes them)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", default="0.5b")
+    parser.add_argument("--variant", default="single")
+    parser.add_argument("--steps", type=int, default=5)
+    return parser
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    """The workload a step script's parsed arguments name."""
+    return Workload(shape=args.shape, variant=args.variant, steps=args.steps)
+
+
 def prompt_text(i: int) -> str:
     """Prompt ``i``: a fixed sentence of about 100 tokens, distinct per ``i``."""
     words = [PROMPT_WORDS[(i * 7 + k * 3) % len(PROMPT_WORDS)] for k in range(96)]
