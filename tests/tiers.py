@@ -57,8 +57,8 @@ FLOATING: dict[str, tuple[str, ...]] = {
     # ~7 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
     "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
-    # the Search-R1 demo, shortened (its own search server, traces, SFT and GRPO); skipped for
-    # now (its cold start does not copy yet: recipes/tiny_search_r1/README.md)
+    # the Search-R1 demo, shortened (its own search server and GRPO from the cached
+    # tiny-search-r1 cold start; where it is not cached yet, its traces and SFT build it first)
     "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
     # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),

@@ -21,18 +21,24 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop.cache import cached_build
 from agentloop.models.demo_config import DemoConfigs, DemoFamily, load_family_configs
 from agentloop.models.demo_recipes import family_named
 from agentloop.models.tiny import tiny_model_dir
 
-__all__ = ["cold_start_dir", "cold_start_model_dir", "publish_cold_start"]
+if TYPE_CHECKING:
+    from agentloop.trainers.sft import SFTResult
+
+__all__ = ["cached_cold_start", "cold_start_dir", "cold_start_model_dir", "publish_cold_start"]
 
 _VERSION = 1  # bump when what the key cannot see changes (the trace generators, the SFT code)
-#: Settings of every family that do not change the model: where files go, threads, the bar.
-_DEMO_IGNORED = ("out_dir", "threads", "min_gain")
+#: Settings of every family that do not change the model: where files go, threads, the bar,
+#: whether the demo reuses the cached model.
+_DEMO_IGNORED = ("out_dir", "threads", "min_gain", "cached_cold_start")
+#: The record of the SFT run that made a cached model, beside it (``SFTResult`` as JSON).
+_RECORD = "sft_result.json"
 
 
 def _key(configs: DemoConfigs[Any]) -> str:
@@ -53,10 +59,41 @@ def cold_start_dir(configs: DemoConfigs[Any]) -> Path:
     return base.parent / f"{base.name}-{configs.family.name}-sft-{_key(configs)}"
 
 
-def _copy_model(src: Path, dst: Path) -> None:
+def _copy_model(src: Path, dst: Path, sft: SFTResult | None = None) -> None:
     for f in src.iterdir():
         if f.is_file():
             shutil.copy2(f, dst / f.name)
+    if sft is not None:
+        (dst / _RECORD).write_text(json.dumps(dataclasses.asdict(sft), indent=1, default=str))
+
+
+def _read_record(model: Path, configs: DemoConfigs[Any]) -> SFTResult:
+    """The SFT record cached beside ``model``; a cache without one (written before records
+    were kept) reads as the config's step count with no losses known."""
+    from agentloop.trainers.sft import SFTResult
+
+    path = model / _RECORD
+    if not path.is_file():
+        steps = configs.sft.trainer.max_steps or 0
+        return SFTResult(model, steps, float("nan"), None, None, model)
+    data = json.loads(path.read_text())
+    return SFTResult(
+        Path(data["out_dir"]),
+        int(data["steps"]),
+        float(data["train_loss"]),
+        data["eval_loss_before"],
+        data["eval_loss_after"],
+        model,
+    )
+
+
+def cached_cold_start(configs: DemoConfigs[Any]) -> tuple[Path, SFTResult] | None:
+    """The cold start ``configs`` would train, if it is cached (the demo published it, or its
+    named model was built): its model dir and the record of the SFT run that made it."""
+    target = cold_start_dir(configs)
+    if not (target / "model.safetensors").is_file():
+        return None
+    return target, _read_record(target, configs)
 
 
 def _shipped(family: DemoFamily[Any], out_dir: str, *overrides: str) -> DemoConfigs[Any]:
@@ -90,14 +127,17 @@ def _build(configs: DemoConfigs[Any], out: Path) -> None:
         served.family.make_traces(served.demo, Path(served.sft.data.train))
         result = run_sft(resolve_model(served.sft))
     assert result.export_dir is not None, "the demo's sft.yaml exports its model"
-    _copy_model(result.export_dir, out)
+    _copy_model(result.export_dir, out, result)
 
 
-def publish_cold_start(configs: DemoConfigs[Any], export_dir: Path) -> Path | None:
-    """Copy the demo's SFT model into its family's named-model cache when ``configs`` would
-    build exactly it (the shipped recipe's settings); return where, or ``None`` if they differ."""
+def publish_cold_start(
+    configs: DemoConfigs[Any], export_dir: Path, sft: SFTResult | None = None
+) -> Path | None:
+    """Copy the demo's SFT model (and ``sft``, the record of its run) into its family's
+    named-model cache when ``configs`` would build exactly it (the shipped recipe's settings);
+    return where, or ``None`` if they differ."""
     with tempfile.TemporaryDirectory() as tmp:
         shipped = _shipped(configs.family, tmp)
     if _key(configs) != _key(shipped):
         return None
-    return cached_build(cold_start_dir(configs), lambda out: _copy_model(export_dir, out))
+    return cached_build(cold_start_dir(configs), lambda out: _copy_model(export_dir, out, sft))

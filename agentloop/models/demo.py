@@ -5,7 +5,8 @@ One pipeline, a family per recipe (:mod:`agentloop.models.demo_recipes`: ReTool 
 the sandboxed python tool, the default; DeepEyes; Search-R1). Top to bottom, on a laptop CPU:
 the family's random-init tiny model → a scripted expert playing the family's real env into
 SFT traces → a deliberately short cold-start SFT (the model learns the format and the tool,
-imperfectly) → GRPO on real rollouts with the tool, whose validation plays the held-out tasks
+imperfectly; with ``demo.cached_cold_start``, the cached one when it is there: no traces or
+SFT) → GRPO on real rollouts with the tool, whose validation plays the held-out tasks
 with the eval loop before the first step (the SFT checkpoint) and after the last (the RL
 checkpoint) → the paired ``--compare`` of the two eval runs → a reward/accuracy curve (PNG), the
 trajectory viewer (HTML) and a final report. Each family's three configs (``demo.yaml``,
@@ -17,6 +18,7 @@ sections over the recipe (``gpu.yaml`` beside the three: the same pipeline on on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -61,6 +63,7 @@ class DemoResult:
     viewer_html: Path
     sft: SFTResult  # the cold-start run: steps, held-out loss before/after, its exported model
     seconds: dict[str, float] = field(default_factory=dict)
+    cold_start_cached: bool = False  # GRPO started from the cached cold start (no SFT this run)
 
 
 def _stage(console: Any, seconds: dict[str, float], name: str, title: str) -> Callable[..., Any]:
@@ -101,10 +104,8 @@ def run_demo(configs: DemoConfigs[Any], *, console: Any = None) -> DemoResult:
 
 
 def _pipeline(configs: DemoConfigs[Any], console: Any) -> DemoResult:
-    from agentloop.models.cold_start import publish_cold_start
+    from agentloop.models.cold_start import cached_cold_start
     from agentloop.models.demo_report import finish
-    from agentloop.models.names import resolve_model
-    from agentloop.trainers.sft import run_sft
 
     family, started = configs.family, time.perf_counter()
     seconds: dict[str, float] = {}
@@ -112,18 +113,21 @@ def _pipeline(configs: DemoConfigs[Any], console: Any) -> DemoResult:
         family.base_model, configs.demo
     )
     console.print(f"model: {base}")
-    _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real env")(
-        family.make_traces, configs.demo, Path(configs.sft.data.train)
-    )
-    sft = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
-        run_sft, resolve_model(configs.sft)
-    )
-    console.print(
-        f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
-        f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
-    )
-    if sft.export_dir is not None and (cached := publish_cold_start(configs, sft.export_dir)):
-        console.print(f"[dim]also cached as model.path={family.model_name}: {cached}[/]")
+    cached = cached_cold_start(configs) if configs.demo.cached_cold_start else None
+    if cached is None:
+        sft = _cold_start(configs, console, seconds)
+    else:
+        model, sft = cached
+        loss = "?" if sft.eval_loss_after is None else f"{sft.eval_loss_after:.3f}"
+        console.rule("[bold cyan]2-3/5 the cold start: cached, no traces or SFT this run")
+        console.print(
+            f"cold start: model.path={family.model_name}, {model} ({sft.steps} SFT steps, "
+            f"held-out loss {loss}); demo.cached_cold_start=false trains it anew"
+        )
+        grpo = dataclasses.replace(
+            configs.grpo, model=dataclasses.replace(configs.grpo.model, path=str(model))
+        )
+        configs = dataclasses.replace(configs, grpo=grpo)
     _stage(
         console,
         seconds,
@@ -132,4 +136,27 @@ def _pipeline(configs: DemoConfigs[Any], console: Any) -> DemoResult:
         "eval of the SFT (step 0) and RL checkpoints",
     )(_grpo, configs.grpo)
     console.rule("[bold cyan]5/5 compare, plot, view, report")
-    return finish(configs, sft, seconds, started, console)
+    return finish(configs, sft, seconds, started, console, cold_start_cached=cached is not None)
+
+
+def _cold_start(configs: DemoConfigs[Any], console: Any, seconds: dict[str, float]) -> SFTResult:
+    """Stages 2 and 3: the scripted expert's traces, the cold-start SFT on them (published as
+    the family's named model when the settings are the shipped ones)."""
+    from agentloop.models.cold_start import publish_cold_start
+    from agentloop.models.names import resolve_model
+    from agentloop.trainers.sft import run_sft
+
+    family = configs.family
+    _stage(console, seconds, "traces", "2/5 synthetic SFT traces through the real env")(
+        family.make_traces, configs.demo, Path(configs.sft.data.train)
+    )
+    sft: SFTResult = _stage(console, seconds, "sft", "3/5 cold-start SFT (deliberately short)")(
+        run_sft, resolve_model(configs.sft)
+    )
+    console.print(
+        f"SFT: {sft.steps} steps, held-out loss {sft.eval_loss_before:.3f} -> "
+        f"{sft.eval_loss_after:.3f}; model in {sft.export_dir}"
+    )
+    if sft.export_dir is not None and (cached := publish_cold_start(configs, sft.export_dir, sft)):
+        console.print(f"[dim]also cached as model.path={family.model_name}: {cached}[/]")
+    return sft

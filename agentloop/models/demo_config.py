@@ -40,13 +40,16 @@ class DemoConfig:
     """The settings every family's ``demo:`` section has; the SFT and GRPO runs have theirs
     (``sft.yaml``, ``grpo.yaml``). ``family``: which recipe this is (``retool``, ``deepeyes``,
     ``search_r1``). ``min_gain``: the pass@1 gain (absolute) the final report calls a pass, with
-    the paired 95% CI above zero."""
+    the paired 95% CI above zero. ``cached_cold_start``: when the cold start these settings
+    train is cached (its named model, :mod:`agentloop.models.cold_start`), GRPO starts from it
+    and the traces and SFT stages are skipped; false trains it whether or not it is cached."""
 
     family: str = "retool"
     out_dir: str = "runs/demo"
     seed: int = 0
     threads: int = 2
     min_gain: float = 0.10
+    cached_cold_start: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_gain <= 1.0 or self.threads < 1:

@@ -133,8 +133,11 @@ def finish(
     seconds: dict[str, float],
     started: float,
     console: Any,
+    *,
+    cold_start_cached: bool = False,
 ) -> DemoResult:
-    """Compare, plot, view, and print the final report; write ``demo_result.json``."""
+    """Compare, plot, view, and print the final report; write ``demo_result.json``.
+    ``cold_start_cached``: GRPO started from the cached cold start (``sft`` is its record)."""
     from agentloop.models.demo import DemoResult
     from agentloop.viewer import write_view
 
@@ -169,6 +172,7 @@ def finish(
         view,
         sft,
         dict(seconds),
+        cold_start_cached,
     )
     record = {
         "family": configs.family.name,
@@ -215,6 +219,11 @@ def _print_report(
         (
             f"correct answers that used the {configs.family.tool} tool, SFT -> RL",
             f"{record['tool_use_of_correct_sft']:.0%} -> {record['tool_use_of_correct']:.0%}",
+        ),
+        (
+            "cold start",
+            f"{r.sft.steps} SFT steps, "
+            + (f"cached ({configs.family.model_name})" if r.cold_start_cached else "this run"),
         ),
         ("evaluated on", n),
         *((f"time: {k}", f"{v:.0f} s") for k, v in r.seconds.items() if k != "report"),

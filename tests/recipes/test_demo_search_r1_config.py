@@ -20,6 +20,8 @@ def test_the_shipped_recipe_wires_traces_sft_and_grpo(tmp_path: Path) -> None:
     assert configs.sft.model.path == "tiny"
     assert configs.grpo.model.path == str(tmp_path / "sft" / "model")
     assert configs.grpo.data.env == "agentloop/SearchR1-v0"
+    # one-hop questions only, and the cold start reused from the cache when it is there
+    assert configs.demo.two_hop_rate == 0.0 and configs.demo.cached_cold_start is True
     assert configs.demo.files == {
         "train": str(tmp_path / "data" / "train.jsonl"),
         "test": str(tmp_path / "data" / "test.jsonl"),

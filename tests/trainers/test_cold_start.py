@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentloop.models import resolve_model_path
-from agentloop.models.cold_start import _key, publish_cold_start
+from agentloop.models.cold_start import _key, cached_cold_start, publish_cold_start
 from agentloop.models.demo import load_demo_configs
 from agentloop.models.tiny import ENV_VAR, tiny_model_dir
 
@@ -29,7 +29,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_key_sees_what_shapes_the_model_and_nothing_else(tmp_path: Path) -> None:
     shipped = _key(load_demo_configs([f"demo.out_dir={tmp_path}"]))
     same = ["demo.out_dir=/elsewhere", "demo.trace_sandbox=fake", "demo.threads=1",
-            "sft.logging.progress=false", "demo.min_gain=0.5"]  # fmt: skip
+            "sft.logging.progress=false", "demo.min_gain=0.5",
+            "demo.cached_cold_start=true"]  # fmt: skip
     assert _key(load_demo_configs(same)) == shipped
     for other in ("sft.trainer.max_steps=10", "demo.num_traces=10", "sft.actor.lr=1e-4"):
         assert _key(load_demo_configs([f"demo.out_dir={tmp_path}", other])) != shipped, other
@@ -51,3 +52,24 @@ def test_the_demo_publishes_its_sft_as_tiny_calc_only_with_the_shipped_settings(
     assert (published / "model.safetensors").read_bytes() == b"weights"
     # the name resolves to it, with nothing built
     assert resolve_model_path("tiny-calc") == published
+
+
+def test_a_cached_cold_start_is_found_with_the_record_of_its_sft_run(
+    cache: Path, tmp_path: Path
+) -> None:
+    from agentloop.trainers.sft import SFTResult
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"weights")
+    shipped = load_demo_configs([f"demo.out_dir={tmp_path}"], recipe="search_r1")
+    assert cached_cold_start(shipped) is None
+    sft = SFTResult(tmp_path / "sft", 350, 0.05, 2.5, 0.04, export)
+    published = publish_cold_start(shipped, export, sft)
+    found = cached_cold_start(shipped)
+    assert found is not None and found[0] == published
+    assert found[1] == SFTResult(tmp_path / "sft", 350, 0.05, 2.5, 0.04, published)
+    # other settings train another model: nothing cached for them
+    shorter = load_demo_configs([f"demo.out_dir={tmp_path}", "sft.trainer.max_steps=10"],
+                                recipe="search_r1")  # fmt: skip
+    assert cached_cold_start(shorter) is None
