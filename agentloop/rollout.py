@@ -49,6 +49,11 @@ class RolloutConfig:
     max_response_len: int = 1024
     """Tokens after the prompt (>= 1), sampled *and* observation tokens together; each turn
     samples at most what is left, and an observation that does not fit ends the episode."""
+    max_turn_tokens: int | None = None
+    """Tokens one model turn may sample (>= 1): each turn samples at most this many, or what is
+    left of ``max_response_len`` if less. A turn cut at this cap is a finished turn: the env
+    steps on it and the episode goes on (one cut by ``max_response_len`` ends it with
+    ``max_tokens``). None: off (a turn may sample all that is left)."""
     max_tool_output_tokens: int = 256
     """A tool message longer than this many tokens (>= 1) is cut, with a visible marker,
     before the model sees it."""
@@ -84,6 +89,10 @@ class RolloutConfig:
         for name in ("max_turns", "max_prompt_len", "max_response_len", "max_tool_output_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(
+                f"rollout.max_turn_tokens must be >= 1 or null (off), got {self.max_turn_tokens}"
+            )
         if self.timeout_s <= 0:
             raise ConfigError(f"rollout.timeout_s must be > 0, got {self.timeout_s}")
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
@@ -217,6 +226,7 @@ async def _play(
     session_id = f"{task.id}#{episode.sample_index}"
     for turn in range(config.max_turns):
         sampling = _turn_sampling(episode, builder, config, seed, turn)
+        capped = sampling.max_tokens < config.max_response_len - episode.response_len
         start, t0 = len(episode.token_ids), time.perf_counter()
         completion = await _generate(
             engine, episode.token_ids, sampling, session_id, episode.images
@@ -233,7 +243,7 @@ async def _play(
         if result.verdict is not None:
             episode.verdict = result.verdict
         obs = await _fit_observation(result, builder, config)
-        stop = _stop_reason(completion, result, obs)
+        stop = _stop_reason(completion, result, obs, capped)
         obs_ids, history = [], []  # the next context: a suffix, or (strip) a fresh rendering
         if stop is None and builder.splits_turns:
             history = await _render_history(builder, [*episode.messages, *obs])
@@ -270,9 +280,11 @@ def _turn_sampling(
     seed: int | None,
     turn: int,
 ) -> SamplingParams:
-    """Turn ``turn``'s sampling: what is left of the response budget, a seed per turn, the
-    template's stop tokens and banned tokens."""
+    """Turn ``turn``'s sampling: what is left of the response budget (at most
+    ``max_turn_tokens``), a seed per turn, the template's stop tokens and banned tokens."""
     budget = config.max_response_len - episode.response_len
+    if config.max_turn_tokens is not None:
+        budget = min(budget, config.max_turn_tokens)
     turn_seed = None if seed is None else seed * 1009 + turn
     sampling = config.sampling(budget, turn_seed, builder.stop_token_ids)
     if builder.banned_token_ids:
@@ -304,10 +316,11 @@ async def _reset(
 
 
 def _stop_reason(
-    completion: Completion, result: StepResult, obs: list[Message]
+    completion: Completion, result: StepResult, obs: list[Message], capped: bool
 ) -> StopReason | None:
-    """Why the episode ends after this step, or None to continue with ``obs``."""
-    if completion.finish_reason == "length":
+    """Why the episode ends after this step, or None to continue with ``obs`` (``capped``: the
+    turn's limit was ``max_turn_tokens``, not the response budget, so a cut there goes on)."""
+    if completion.finish_reason == "length" and not capped:
         return StopReason.MAX_TOKENS  # the env still scored the cut reply
     if result.terminated:
         return StopReason.DONE

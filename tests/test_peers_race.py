@@ -1,15 +1,21 @@
 """bench/peers (the race against TRL and verl): each system's log read into per-step phases
-(recorded samples: agentloop's metrics of a real H100 step, TRL's step lines from a CPU smoke run
-of trl_grpo.py, and console lines formatted by verl 0.9.1's own logger), the results JSON and
-table, the driver's options, TRL's timer grouping and the padded race tokenizer."""
+(recorded samples: agentloop's metrics of a real H100 step, TRL's step lines from CPU smoke runs
+of trl_grpo.py, single and multi, and console lines formatted by verl 0.9.1's own logger), the
+results JSON and table, the driver's options, TRL's timer grouping, the padded race tokenizer,
+and the multi variant's episodes: agentloop's (its race env and ``rollout.max_turn_tokens``)
+and TRL's ``rollout_func`` bookkeeping (verl's agent loop is checked against verl itself by
+``bench/peers/verl_check.py``, where verl imports)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -133,3 +139,97 @@ def test_the_race_tokenizer_is_padded_to_the_model_vocab() -> None:
     assert len(set(vocab)) == len(vocab) and vocab["Ġaaaa"] == 3
     with pytest.raises(ValueError, match="--shape"):
         w.Workload(shape="7b")
+
+
+def test_the_multi_variant_workload() -> None:
+    w = peers("workload").Workload(variant="multi")
+    assert (w.turns, w.turn_tokens, w.sampled_tokens) == (3, 170, 510)
+    assert w.max_response == 510 + 2 * (64 + 32)  # room for the observations and their template
+    assert peers("race").parse_args(["--out", "x", "--variant", "multi"]).variant == "multi"
+
+
+def test_agentloop_race_config_of_the_multi_variant() -> None:
+    from agentloop.trainers.config import TrainConfig, load_config
+
+    a, w = peers("agentloop_grpo"), peers("workload")
+    multi = w.Workload(variant="multi")
+    cfg = load_config(TrainConfig, a.CONFIG, a.overrides(multi, Path("/m"), Path("/o")))
+    r = cfg.rollout
+    assert (r.max_turns, r.max_turn_tokens, r.max_response_len) == (3, 170, 702)
+    assert cfg.data.env_kwargs == {"turns": 3, "prompts": 64}
+    single = load_config(TrainConfig, a.CONFIG, a.overrides(w.Workload(), Path("/m"), Path("/o")))
+    assert single.rollout.max_turn_tokens is None and single.rollout.max_response_len == 512
+
+
+def test_agentloop_multi_episode_is_three_capped_turns(tokenizer: Any) -> None:
+    """The race env answers whatever the model writes; each turn stops at the cap and goes on."""
+    from agentloop.chat import TokenBuilder
+    from agentloop.engines.fake import FakeEngine
+    from agentloop.rollout import RolloutConfig, rollout
+
+    race_env = peers("race_env")
+    env = race_env.RaceEnv(turns=3, prompts=2)
+    (task,) = env.tasks(limit=1)
+    engine = FakeEngine(lambda p, s: "x" * 400, tokenizer=tokenizer, eos_token_id=2)
+    config = RolloutConfig(max_turns=3, max_prompt_len=512, max_response_len=400,
+                           max_turn_tokens=20)  # fmt: skip
+    traj = asyncio.run(rollout(env, engine, TokenBuilder(tokenizer), task, config))
+    assert traj.stop_reason.value == "done" and not traj.failed
+    assert [t.completion_tokens for t in traj.turns] == [20, 20, 20]
+    assert sum(traj.loss_mask) == 60
+    users = [m.content for m in traj.messages if m.role == "user"]
+    assert users[1:] == [peers("workload").tool_result_text()] * 2
+
+
+def test_verl_sampled_tokens_leave_out_the_observations() -> None:
+    r = peers("results")
+    log = ("(AgentLoopWorkerTQ pid=77) RACE_VERL_UNSAMPLED 160\n"
+           "(TaskRunnerV1 pid=4242) step:2 - response_length/mean:np.float64(670.0) - "
+           "timing_s/gen:np.float64(20.0) - timing_s/step:np.float64(30.0)\n")  # fmt: skip
+    (step,) = r.parse_verl(log, sequences=512)
+    assert step.sampled_tokens == 510 * 512 and step.gen == 20.0
+
+
+def test_trl_multi_smoke_counts_sampled_tokens_only() -> None:
+    r = peers("results")
+    steps = r.parse_trl((DATA / "trl_cpu_smoke_multi.log").read_text(), sequences=32)
+    assert [s.step for s in steps] == [1, 2]  # found after the progress bar on the same line
+    assert all(s.sampled_tokens == 3 * 16 * 32 for s in steps)  # env_mask 0 on observations
+    assert all(0 < s.gen < s.wall for s in steps)
+
+
+def test_trl_rollout_func_span_is_the_generation_phase() -> None:
+    t = peers("trl_grpo")
+    turns = [("GRPOTrainer.vLLM.generate", 1.0 + 2 * k, 2.5 + 2 * k) for k in range(3)]
+    events = [("GRPOTrainer._prepare_inputs", 0.0, 9.0), *turns,
+              ("GRPOTrainer.rollout_func", 1.0, 8.0)]  # fmt: skip
+    assert t.step_phases(events, wall=12.0)["gen"] == 7.0
+
+
+def test_trl_rollout_func_three_turns_with_masked_observations(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profiling = ModuleType("trl.extras.profiling")
+    profiling.profiling_context = lambda trainer, name: nullcontext()  # type: ignore[attr-defined]
+    for name in ("trl", "trl.extras"):
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    monkeypatch.setitem(sys.modules, "trl.extras.profiling", profiling)
+    turns, w = peers("trl_turns"), peers("workload").Workload(variant="multi", response_len=30)
+    calls: list[list[list[int]]] = []
+
+    def generate(prompts: list[list[int]], images: Any, num_generations: int, profiler: Any):
+        calls.append(prompts)
+        ids = [[7 + len(calls)] * 10 for _ in prompts]
+        return prompts, ids, [[[-0.5]] * 10 for _ in prompts], None
+
+    trainer = SimpleNamespace(use_vllm=True, num_generations=8, processing_class=tokenizer,
+                              vllm_generation=SimpleNamespace(generate=generate))  # fmt: skip
+    prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(2)]
+    out = turns.make_rollout_func(w)(prompts, trainer)
+    obs = turns.observation_ids(tokenizer, peers("workload").tool_result_text())
+    assert tokenizer.decode(obs).startswith("<|im_end|>")  # the cut turn's closing comes first
+    for i in range(2):
+        assert out["completion_ids"][i] == [8] * 10 + obs + [9] * 10 + obs + [10] * 10
+        assert out["env_mask"][i] == ([1] * 10 + [0] * len(obs)) * 2 + [1] * 10
+        assert out["logprobs"][i] == ([-0.5] * 10 + [0.0] * len(obs)) * 2 + [-0.5] * 10
+        assert calls[2][i] == out["prompt_ids"][i] + out["completion_ids"][i][:-10]

@@ -425,3 +425,17 @@ async def test_eval_writes_every_segment_and_counts_each_episode_once(
     records = read_jsonl(tmp_path / "run" / "trajectories.jsonl")
     assert len(records) == 8  # 2 tasks x 2 samples x 2 segments: none dropped
     assert summary.episodes == 4 and sum(summary.stop_reasons.values()) == 4
+
+
+async def test_max_turn_tokens_caps_what_a_request_may_sample(tokenizer: Any) -> None:
+    from agentloop.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_turn_tokens must be >= 1, got 0"):
+        EpisodeLimits(max_turn_tokens=0)
+    engine = _engine(tokenizer)
+    limits = EpisodeLimits(max_turn_tokens=5)
+    async with AgentProxy(engine, TokenBuilder(tokenizer), limits=limits) as proxy:
+        client = proxy.client(proxy.open_episode())
+        await client.completions.create(model="agentloop", prompt="2 * 3 + 1 =", max_tokens=50)
+        await client.close()
+    assert engine.requests[-1].sampling.max_tokens == 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ from agentloop.chat import TokenBuilder
 from agentloop.collect import collect
 from agentloop.engines.base import SamplingParams
 from agentloop.engines.fake import FakeEngine
-from agentloop.envs import ToolEnv
+from agentloop.envs import Env, StepResult, ToolEnv
 from agentloop.errors import ToolFatalError
 from agentloop.rollout import RolloutConfig, rollout
 from agentloop.tools import tool
@@ -299,3 +299,52 @@ def test_a_builder_made_for_another_env_is_an_error(tokenizer: Any) -> None:
     engine = FakeEngine(["done"], tokenizer=tokenizer)
     [group] = asyncio.run(collect([task], "test/Lookup-v0", engine, right, config=RolloutConfig()))
     assert group.trajectories[0].stop_reason is StopReason.DONE
+
+
+class _ThreeTurns(Env):
+    """Answers every turn with a fixed user message, whatever the model wrote; done after 3."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    async def reset(
+        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        self.turn = 0
+        return [Message("user", (options or {})["task"].data["prompt"])], {}
+
+    async def step(self, action: Message) -> StepResult:
+        self.turn += 1
+        if self.turn >= 3:
+            return StepResult([], 1.0, terminated=True, truncated=False)
+        return StepResult([Message("user", "go on")], 0.0, terminated=False, truncated=False)
+
+
+def test_max_turn_tokens_caps_each_turn_and_the_episode_goes_on(
+    builder: TokenBuilder, tokenizer: Any
+) -> None:
+    rambler = FakeEngine(lambda p, s: "x" * 500, tokenizer=tokenizer, eos_token_id=2)
+    config = RolloutConfig(max_turns=5, max_response_len=200, max_turn_tokens=30)
+    task = Task("t0", {"prompt": "question"})
+    traj = asyncio.run(rollout(_ThreeTurns(), rambler, builder, task, config))
+    assert traj.stop_reason is StopReason.DONE and traj.reward == 1.0
+    assert [t.completion_tokens for t in traj.turns] == [30, 30, 30]
+    assert [t.finish_reason for t in traj.turns] == ["length"] * 3
+    assert [r.sampling.max_tokens for r in rambler.requests] == [30, 30, 30]
+    assert sum(traj.loss_mask) == 90  # the observations between the turns stay masked
+    assert_token_exact(traj, rambler)
+
+    # the response budget still wins where less is left than the cap: that cut ends the episode
+    rambler = FakeEngine(lambda p, s: "x" * 500, tokenizer=tokenizer, eos_token_id=2)
+    config = RolloutConfig(max_turns=5, max_response_len=70, max_turn_tokens=30)
+    traj = asyncio.run(rollout(_ThreeTurns(), rambler, builder, task, config))
+    assert traj.stop_reason is StopReason.MAX_TOKENS
+    assert rambler.requests[-1].sampling.max_tokens < 30
+    assert len(traj.response_ids) == 70
+
+
+def test_max_turn_tokens_is_checked() -> None:
+    from agentloop.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.max_turn_tokens must be >= 1 or null .* got 0"):
+        RolloutConfig(max_turn_tokens=0)

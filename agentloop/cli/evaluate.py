@@ -106,7 +106,8 @@ def _add_rollout_flags(add: Callable[..., object]) -> None:
 
 
 #: The field types ``RolloutConfig`` declares (its annotations are strings).
-_ROLLOUT_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+_ROLLOUT_TYPES: dict[str, type] = {"int": int, "int | None": int, "float": float, "str": str,
+                                   "bool": bool}  # fmt: skip
 
 
 def _add_run_flags(add: Callable[..., object]) -> None:

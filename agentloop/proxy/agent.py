@@ -60,6 +60,7 @@ def _limits(program: AgentProgram, config: RolloutConfig) -> EpisodeLimits:
         max_response_len=min(
             config.max_response_len, program.max_tokens or config.max_response_len
         ),
+        max_turn_tokens=config.max_turn_tokens,
     )
 
 

@@ -331,7 +331,7 @@ class Episode:
         seed = None if s.seed is None else s.seed * 1009 + turn
         try:
             sampling = SamplingParams(
-                max_tokens=min(left, max_tokens or left),
+                max_tokens=min(left, max_tokens or left, self.limits.max_turn_tokens or left),
                 temperature=s.temperature,
                 top_p=s.top_p,
                 top_k=s.top_k,

@@ -15,16 +15,21 @@ class EpisodeLimits:
     """Ceilings of one episode: model requests (``max_turns``), the first prompt's tokens, and
     tokens after it (``max_response_len``: a segment's tokens after its prompt plus what earlier
     segments sampled); every segment's context is at most ``max_prompt_len + max_response_len``
-    tokens."""
+    tokens. ``max_turn_tokens`` caps what one request may sample (None: off)."""
 
     max_turns: int = 8
     max_prompt_len: int = 1024
     max_response_len: int = 1024
+    max_turn_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_prompt_len", "max_response_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"proxy limit {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(
+                f"proxy limit max_turn_tokens must be >= 1, got {self.max_turn_tokens}"
+            )
 
     @property
     def max_context(self) -> int:

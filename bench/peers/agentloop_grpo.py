@@ -7,6 +7,11 @@ The phases are agentloop's own ``metrics.jsonl`` timers (``timing_s/gen``, ``old
 ``update_actor``, ``sync_weights``), read by ``results.parse_agentloop``. agentloop has no
 ``ignore_eos``: a random-init model ends a reply early only by sampling one of its 2 stop ids
 (about 0.7% of 512-token replies); the sampled-token count it logs says how many ran.
+
+The multi variant: ``race_env`` answers each of the 3 turns with a fixed user message whatever
+the model wrote and ends the episode after the third, and ``rollout.max_turn_tokens`` caps each
+turn at ``turn_tokens`` (a turn cut there goes on to the next; one that samples a stop id early
+just ends that turn early).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def overrides(w: Workload, model: Path, out: Path) -> list[str]:
         f"rollout.max_response_len={w.max_response}", f"rollout.concurrency={w.sequences}",
         f"engine.max_num_seqs={w.sequences}", f"actor.lr={w.lr}",
         f"engine.kv_cache_memory_bytes={int(w.kv_cache_gb * 2**30)}",
+        *([f"rollout.max_turn_tokens={w.turn_tokens}"] if w.turns > 1 else []),
     ]  # fmt: skip
 
 
@@ -41,8 +47,6 @@ def main() -> None:
     parser.add_argument("--print", action="store_true", help="print the command and stop")
     args = parser.parse_args()
     w = workload_of(args)
-    if w.variant != "single":
-        raise SystemExit("agentloop_grpo.py: the multiturn variant needs a per-turn token cap")
     argv = ["train", str(CONFIG), *overrides(w, args.model, args.out)]
     if args.print:
         print(" ".join(argv))

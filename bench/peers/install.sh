@@ -13,8 +13,11 @@ for peer in trl verl; do
     --target "/tmp/peer-$peer" "$SRC/$peer"/*.whl > "/tmp/peer-$peer.pip.log" 2>&1 \
     || { cat "/tmp/peer-$peer.pip.log"; exit 4; }
 done
+PEERS=$PWD/bench/peers  # run from the repo root: the multi variant's loops import from it
 cd /tmp  # the repo root's agentloop/ must not shadow anything
 PYTHONPATH=/tmp/peer-trl:${PYTHONPATH:-} python3 -W ignore -c \
   'import trl, vllm, transformers; from trl import GRPOConfig, GRPOTrainer; print("trl", trl.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)'
 PYTHONPATH=/tmp/peer-verl:${PYTHONPATH:-} python3 -W ignore -c \
   'import verl, ray, transformers, tensordict, transfer_queue; import verl.trainer.main_ppo, verl.trainer.ppo.v1.trainer_sync, verl.workers.rollout.vllm_rollout.vllm_async_server; print("verl", verl.__version__, "ray", ray.__version__, "transformers", transformers.__version__)'
+PYTHONPATH=/tmp/peer-verl:${PYTHONPATH:-}:$PEERS python3 -W ignore -c \
+  'import verl_race_loop, trl_turns; print("multi-variant loops import: verl_race_loop, trl_turns")'

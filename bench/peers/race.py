@@ -2,6 +2,7 @@
 
     python3 bench/peers/race.py --out DIR                       # agentloop, trl, verl
     python3 bench/peers/race.py --out DIR --systems agentloop,trl --variant single --shape 0.5b
+    python3 bench/peers/race.py --out DIR --variant multi       # 3 turns, 64-token observations
     python3 bench/peers/race.py --out DIR --merge               # only merge the runs kept in --work
 
 Run it on the GPU machine after ``source bench/gpu/setup.sh`` (agentloop, vLLM) and
@@ -162,12 +163,14 @@ def merge(args: argparse.Namespace) -> Path:
     gpu = smi("name,memory.total,driver_version") or "unknown GPU"
     w = Workload(shape=args.shape, variant=args.variant, steps=args.steps)
     results = {"machine": gpu, "created_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-               "workload": {**w.__dict__, "sequences": w.sequences, "turns": w.turns},
+               "workload": {**w.__dict__, "sequences": w.sequences, "turns": w.turns,
+                            "turn_tokens": w.turn_tokens, "sampled_tokens": w.sampled_tokens,
+                            "max_response": w.max_response},
                "git": git_head(), "systems": {r.system: run_to_json(r) for r in runs}}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"results-{args.variant}.json"
     path.write_text(json.dumps(results, indent=2))
-    md = table(runs, gpu.split(",")[0])
+    md = table(runs, f"{gpu.split(',')[0]}, {describe(w)}")
     (args.out / f"table-{args.variant}.md").write_text(md)
     for r in runs:  # the tail of each log comes back too
         log = args.work / args.variant / r.system / "run.log"
@@ -176,6 +179,14 @@ def merge(args: argparse.Namespace) -> Path:
             (args.out / f"{r.system}-{args.variant}.log").write_text("\n".join(lines) + "\n")
     print(md, flush=True)
     return path
+
+
+def describe(w: Workload) -> str:
+    """The variant in words, for the table's title."""
+    if w.turns == 1:
+        return f"single turn: {w.turn_tokens} sampled tokens an episode"
+    return (f"{w.variant}: {w.turns} turns of {w.turn_tokens} sampled tokens, a fixed "
+            f"{w.tool_tokens}-token user message between turns")  # fmt: skip
 
 
 def git_head() -> str:

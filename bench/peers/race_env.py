@@ -1,6 +1,7 @@
 """The race's env for agentloop (``data.env: race_env:race/Race-v0``): the shared prompts, a
-random reward, and in the multi-turn variant a fixed 64-token tool result after each turn but the
-last (whatever the model wrote: a random-init model writes no tool calls)."""
+random reward, and in the multi-turn variant a fixed 64-token user message (the tool result's
+stand-in) after each turn but the last, whatever the model wrote: a random-init model writes no
+tool calls, and the peers' stand-ins (TRL's ``rollout_func``, verl's agent loop) answer the same."""
 
 from __future__ import annotations
 

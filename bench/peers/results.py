@@ -13,6 +13,9 @@ from typing import Any
 PHASES = ("gen", "old_logprobs", "update", "sync")
 TRL_TAG = "RACE_TRL_STEP "  # the line prefix bench/peers/trl_grpo.py prints one step's phases with
 _VERL_LINE = re.compile(r"^(?:\([^)]*\)\s*)?step:(\d+) - (.*)$")
+# printed by bench/peers/verl_race_loop.py (multi variant): observation tokens in each response
+VERL_UNSAMPLED_TAG = "RACE_VERL_UNSAMPLED "
+_VERL_UNSAMPLED = re.compile(VERL_UNSAMPLED_TAG + r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,11 @@ def verl_metrics(log: str) -> list[dict[str, Any]]:
 
 def parse_verl(log: str, sequences: int) -> list[Step]:
     """verl's per-step timers: ``timing_s/gen`` (rollout, and putting the replicas to sleep),
-    ``old_log_prob``, ``update_actor``, ``update_weights`` (waking vLLM and the weight push)."""
+    ``old_log_prob``, ``update_actor``, ``update_weights`` (waking vLLM and the weight push).
+    Sampled tokens: its ``response_length/mean`` less the observation tokens of a response
+    where the race's agent loop says how many (``RACE_VERL_UNSAMPLED n``; multi variant)."""
+    hit = _VERL_UNSAMPLED.search(log)
+    unsampled = float(hit.group(1)) if hit else 0.0
     out = []
     for m in verl_metrics(log):
         if "timing_s/step" not in m:
@@ -123,7 +130,7 @@ def parse_verl(log: str, sequences: int) -> list[Step]:
                 old_logprobs=m.get("timing_s/old_log_prob", 0.0),
                 update=m.get("timing_s/update_actor", 0.0),
                 sync=m.get("timing_s/update_weights", 0.0),
-                sampled_tokens=m.get("response_length/mean", 0.0) * sequences,
+                sampled_tokens=(m.get("response_length/mean", 0.0) - unsampled) * sequences,
                 peak_mem_gb=float(mem) if mem is not None else None,
             )
         )
@@ -135,9 +142,10 @@ def parse_trl(log: str, sequences: int) -> list[Step]:
     sync_weights, _get_per_token_logps_and_entropies, compute_loss) summed per optimizer step."""
     out = []
     for line in log.splitlines():
-        if not line.startswith(TRL_TAG):
+        at = line.find(TRL_TAG)  # a progress bar on stderr may sit before it, on the same line
+        if at < 0:
             continue
-        m = json.loads(line[len(TRL_TAG) :])
+        m = json.loads(line[at + len(TRL_TAG) :])
         out.append(
             Step(
                 step=int(m["step"]),

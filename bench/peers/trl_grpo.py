@@ -9,6 +9,8 @@ optimizer step between the ``on_step_begin`` and ``on_step_end`` callbacks: ``vL
 (generation), ``sync_weights``, ``_get_per_token_logps_and_entropies`` outside ``compute_loss``
 (old logprobs), and the step's time outside ``_prepare_inputs`` (update: forward, backward and the
 optimizer). One line per step, ``RACE_TRL_STEP {json}``, goes to stdout and ``DIR/steps.jsonl``.
+The multi variant's episodes come from ``trl_turns.make_rollout_func`` (its generation phase is
+the ``rollout_func`` timer, which holds the turns' ``vLLM.generate`` calls).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from results import TRL_TAG  # noqa: E402  (bench/peers is not a package)
+from trl_turns import make_rollout_func  # noqa: E402
 from workload import Workload, prompt_text, step_parser  # noqa: E402
 
 Event = tuple[str, float, float]  # (TRL's timer name, start, end) in perf_counter seconds
@@ -43,10 +46,13 @@ def record_trl_timers() -> None:
     ProfilingContext.__exit__ = __exit__  # type: ignore[method-assign]
 
 
-def outer(events: list[Event], name: str) -> list[tuple[float, float]]:
-    """The intervals named ``name`` (TRL prefixes a class name: ``GRPOTrainer.sync_weights``,
-    ``VLLMGeneration.sync_weights``) that no other interval of that name contains."""
-    spans = sorted((s, e) for n, s, e in events if n.split(".", 1)[-1] == name)
+def outer(events: list[Event], *names: str) -> list[tuple[float, float]]:
+    """The intervals named one of ``names`` (TRL prefixes a class name:
+    ``GRPOTrainer.sync_weights``, ``VLLMGeneration.sync_weights``) that no other of them
+    contains."""
+    # by start, the longer first at a tie: a span's container comes before it
+    spans = sorted(((s, e) for n, s, e in events if n.split(".", 1)[-1] in names),
+                   key=lambda span: (span[0], -span[1]))  # fmt: skip
     out: list[tuple[float, float]] = []
     for s, e in spans:
         if out and s >= out[-1][0] and e <= out[-1][1]:
@@ -67,7 +73,7 @@ def step_phases(events: list[Event], wall: float) -> dict[str, float]:
     prepare = total(outer(events, "_prepare_inputs"))
     return {
         "wall": wall,
-        "gen": sum(total(outer(events, n)) for n in ("vLLM.generate", "transformers.generate")),
+        "gen": total(outer(events, "rollout_func", "vLLM.generate", "transformers.generate")),
         "sync": total(outer(events, "sync_weights")),
         "old_logprobs": total(old),
         "update": wall - prepare,
@@ -127,15 +133,20 @@ def grpo_config(
     if w.sequences % micro_batch:
         raise ValueError(f"--micro-batch {micro_batch} must divide {w.sequences} sequences")
     accum = w.sequences // micro_batch
+    # vLLM's SamplingParams take these over TRL's (max_tokens: the whole completion's budget)
+    turn_cap = {"max_tokens": w.turn_tokens} if w.turns > 1 else {}
+    gen_kwargs = {"ignore_eos": True, **turn_cap}
+    if cpu_smoke:  # transformers' generate (the single variant; the multi one's turns set theirs)
+        gen_kwargs = {"min_new_tokens": w.response_len}
     return GRPOConfig(
         output_dir=str(out / "trl_out"), max_steps=w.steps, learning_rate=w.lr,
         per_device_train_batch_size=micro_batch, gradient_accumulation_steps=accum,
         steps_per_generation=accum, num_generations=w.samples, num_iterations=1,
-        max_completion_length=w.response_len, temperature=1.0, top_p=1.0, beta=0.0,
-        generation_kwargs={"min_new_tokens": w.response_len} if cpu_smoke else {"ignore_eos": True},
+        max_completion_length=w.max_response, temperature=1.0, top_p=1.0, beta=0.0,
+        generation_kwargs=gen_kwargs,
         bf16=not cpu_smoke, use_cpu=cpu_smoke, gradient_checkpointing=False,
         use_vllm=not cpu_smoke, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15,
-        vllm_max_model_length=prompt_len + w.response_len, logging_steps=1, report_to="none",
+        vllm_max_model_length=prompt_len + w.max_response, logging_steps=1, report_to="none",
         save_strategy="no", lr_scheduler_type="constant", warmup_steps=0, seed=0,
         dataloader_num_workers=0, log_completions=False,
     )  # fmt: skip
@@ -155,10 +166,6 @@ def main() -> None:
     args = parser.parse_args()
     w = Workload(shape=args.shape, variant=args.variant, steps=args.steps, prompts=args.prompts,
                  response_len=args.response_len)  # fmt: skip
-    if w.variant != "single":
-        raise SystemExit(
-            "trl_grpo.py runs the single-turn variant only (multiturn: not staged yet)"
-        )
     args.out.mkdir(parents=True, exist_ok=True)
     random.seed(0)
     record_trl_timers()
@@ -171,6 +178,7 @@ def main() -> None:
         args=grpo_config(w, args.out, args.micro_batch, prompt_len=512, cpu_smoke=args.cpu_smoke),
         train_dataset=Dataset.from_dict({"prompt": rows}),
         callbacks=[make_callback(args.out)],
+        rollout_func=make_rollout_func(w) if w.turns > 1 else None,
     )  # fmt: skip
     trainer.train()
 

@@ -8,6 +8,10 @@ Writes the dataset (``DIR/train.parquet``: ``data_source``, ``prompt`` chat mess
 get), then runs verl with Hydra overrides; its console logger's ``step:N - timing_s/gen:...``
 lines go to stdout and are what ``results.parse_verl`` reads. ``--print`` shows the command.
 flash-attn is not staged: the actor runs SDPA on padded batches (``use_remove_padding=false``).
+
+The multi variant adds ``DIR/race_agent_loops.yaml`` (verl's ``agent_loop_config_path``) naming
+``verl_race_loop.RaceAgentLoop`` as the default agent loop, and this folder to the PYTHONPATH its
+Ray workers inherit (they import the loop).
 """
 
 from __future__ import annotations
@@ -43,10 +47,30 @@ def write_data(w: Workload, out: Path) -> tuple[Path, Path]:
     return data, reward
 
 
+AGENT_LOOPS = """# rollout.agent.agent_loop_config_path: bench/peers/verl_race_loop.py
+- name: race_turns
+  _target_: verl_race_loop.RaceAgentLoop
+  turns: {turns}
+  turn_tokens: {turn_tokens}
+  tool_tokens: {tool_tokens}
+"""
+
+
+def agent_loops(w: Workload, out: Path) -> list[str]:
+    """The multi variant's agent-loop overrides (none for single): the loop's YAML, written."""
+    if w.turns == 1:
+        return []
+    path = out / "race_agent_loops.yaml"
+    path.write_text(AGENT_LOOPS.format(turns=w.turns, turn_tokens=w.turn_tokens,
+                                       tool_tokens=w.tool_tokens))  # fmt: skip
+    r = "actor_rollout_ref.rollout"
+    return [f"{r}.agent.agent_loop_config_path={path}", f"{r}.agent.default_agent_loop=race_turns"]
+
+
 def overrides(w: Workload, model: Path, data: Path, reward: Path, out: Path) -> list[str]:
     """Hydra overrides of verl 0.9.1's ``ppo_trainer.yaml`` (every key checked against it)."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    return [
+    return [*agent_loops(w, out),
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         f"data.train_files={data}", f"data.val_files={data}",
         f"data.train_batch_size={w.prompts}", "data.max_prompt_length=256",
@@ -80,8 +104,6 @@ def main() -> None:
     parser.add_argument("--print", action="store_true", help="print the command and stop")
     args = parser.parse_args()
     w = workload_of(args)
-    if w.variant != "single":
-        raise SystemExit("verl_grpo.py runs the single-turn variant only (multiturn: not staged)")
     args.out.mkdir(parents=True, exist_ok=True)
     data, reward = write_data(w, args.out)
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
@@ -92,6 +114,8 @@ def main() -> None:
     # verl's Ray workers inherit this environment: no network, no usage reports
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", WANDB_MODE="disabled",
                TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0")  # fmt: skip
+    if w.turns > 1:  # the workers import verl_race_loop (and its workload) from this folder
+        env["PYTHONPATH"] = ":".join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p)
     sys.exit(subprocess.run(cmd, env=env, cwd=args.out).returncode)
 
 

@@ -24,14 +24,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench/ is not a package: shapes.py is a sibling
 
 SHAPES = {"0.5b": "0.5B", "1.5b": "1.5B"}
-VARIANTS = ("single", "multiturn")
+VARIANTS = ("single", "multi")
+# Chat-template tokens around one observation, over its own: the closing of the cut turn, the
+# user turn's header and end, the next assistant header (18 with the race tokenizer), with room
+TEMPLATE_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What each system runs per step: ``prompts`` × ``samples`` episodes of ``turns`` turns,
-    each turn ``response_len`` sampled tokens (EOS ignored), a ``tool_tokens`` fixed tool
-    result between turns; ``steps`` steps, the first a warm-up."""
+    """What each system runs per step: ``prompts`` × ``samples`` episodes of ``turns`` turns
+    (single: 1; multi: 3), each turn exactly ``turn_tokens`` sampled tokens (``response_len``
+    split evenly: 512, or 170 a turn), and between two turns a fixed user message of
+    ``tool_tokens`` tokens whatever the model wrote (masked out of the loss); ``steps`` steps,
+    the first a warm-up."""
 
     shape: str = "0.5b"
     variant: str = "single"
@@ -53,12 +58,22 @@ class Workload:
 
     @property
     def turns(self) -> int:
-        return 3 if self.variant == "multiturn" else 1
+        return 3 if self.variant == "multi" else 1
+
+    @property
+    def turn_tokens(self) -> int:
+        """Tokens every turn samples (EOS ignored): 512 single, 170 in each of the 3 turns."""
+        return self.response_len // self.turns
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens one episode samples, all its turns together (512, or 510)."""
+        return self.turns * self.turn_tokens
 
     @property
     def max_response(self) -> int:
-        """Tokens after the prompt: every turn's reply plus the tool results between them."""
-        return self.turns * self.response_len + (self.turns - 1) * (self.tool_tokens + 16)
+        """Tokens after the prompt: every turn's reply plus the observations between them."""
+        return self.sampled_tokens + (self.turns - 1) * (self.tool_tokens + TEMPLATE_TOKENS)
 
     @property
     def sequences(self) -> int:
@@ -104,9 +119,10 @@ def prompt_text(i: int) -> str:
     return f"Task {i}: " + " ".join(words)
 
 
-def tool_result_text() -> str:
-    """The fixed tool result of the multi-turn variant (64 tokens with the race tokenizer)."""
-    return " ".join(["0"] * 64)
+def tool_result_text(tokens: int = 64) -> str:
+    """The fixed observation of the multi-turn variant: ``tokens`` tokens with the race
+    tokenizer (``a`` and `` a`` are one token each; ``0`` and `` 0`` would be 127)."""
+    return " ".join(["a"] * tokens)
 
 
 def gpu_models() -> Any:
