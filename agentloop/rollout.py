@@ -210,6 +210,16 @@ async def rollout_episode(
     return trajectories
 
 
+def _score(episode: EpisodeState, result: StepResult) -> float:
+    """Add a step's reward, metrics and verdict to the episode; the step's finite reward."""
+    reward = _finite_reward(result.reward)
+    episode.reward += reward
+    episode.metrics.update(result.metrics)
+    if result.verdict is not None:
+        episode.verdict = result.verdict
+    return reward
+
+
 async def _play(
     episode: EpisodeState,
     env: Env,
@@ -237,11 +247,7 @@ async def _play(
         episode.messages.append(action)
         t1 = time.perf_counter()
         result = await _env_call(env.step(action))
-        reward = _finite_reward(result.reward)
-        episode.reward += reward
-        episode.metrics.update(result.metrics)
-        if result.verdict is not None:
-            episode.verdict = result.verdict
+        reward = _score(episode, result)
         obs = await _fit_observation(result, builder, config)
         stop = _stop_reason(completion, result, obs, capped)
         obs_ids, history = [], []  # the next context: a suffix, or (strip) a fresh rendering

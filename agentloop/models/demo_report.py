@@ -174,21 +174,26 @@ def finish(
         dict(seconds),
         cold_start_cached,
     )
-    record = {
+    record = _record(configs, result, res.n)
+    (out / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str))
+    _print_report(console, configs, result, record)
+    return result
+
+
+def _record(configs: DemoConfigs[Any], result: DemoResult, tasks: int) -> dict[str, Any]:
+    """``demo_result.json``: the result, the tool-use rates and the machine's load."""
+    return {
         "family": configs.family.name,
         **dataclasses.asdict(result),  # the SFT run's record nested under "sft"; paths as str
-        "tool_use_of_correct": tool_use_of_correct(rl_eval),
-        "tool_use_of_correct_sft": tool_use_of_correct(sft_eval),
-        "tool_call_rate_sft": tool_call_rate(sft_eval),
-        "tool_call_rate_rl": tool_call_rate(rl_eval),
-        "tasks": res.n,
+        "tool_use_of_correct": tool_use_of_correct(result.rl_eval),
+        "tool_use_of_correct_sft": tool_use_of_correct(result.sft_eval),
+        "tool_call_rate_sft": tool_call_rate(result.sft_eval),
+        "tool_call_rate_rl": tool_call_rate(result.rl_eval),
+        "tasks": tasks,
         "samples_per_task": configs.grpo.trainer.val_n,
         "load_avg": os.getloadavg(),
         "cpus": os.cpu_count(),
     }
-    (out / RESULT_FILE).write_text(json.dumps(record, indent=2, default=str))
-    _print_report(console, configs, result, record)
-    return result
 
 
 def _print_report(
