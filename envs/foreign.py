@@ -1,39 +1,43 @@
-"""Env ids of other frameworks (``skyrl_gym:<id>``, ``aviary:<name>``, ...) and their adapters."""
+"""Env ids of other frameworks (``skyrl_gym:<id>``, ``aviary:<name>``, ``verifiers:<env_id>``)
+and their adapters."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentloop.envs.base import Env
 from agentloop.errors import EnvError, did_you_mean
+from agentloop.types import Task
 
-__all__ = ["SCHEMES", "ForeignScheme", "make_foreign", "scheme_of"]
+__all__ = ["SCHEMES", "ForeignScheme", "make_foreign", "scheme_of", "task_to_play"]
 
 
 @dataclass(frozen=True)
 class ForeignScheme:
     """One framework's env ids, ``<scheme>:<name>``: ``adapter`` (``"module:function"``) makes
     the agentloop env of ``name`` from that framework's package ``package`` (its import name),
-    which the PyPI distribution ``dist`` installs (``pip install 'agentloop[envs]'``)."""
+    which the PyPI distribution ``dist`` installs (``install``: how, by default ``pip install
+    'agentloop[envs]'``)."""
 
     scheme: str
     package: str
     dist: str
     adapter: str
     example: str
+    install: str | None = None
 
     def load(self) -> Callable[..., Env]:
         try:
             importlib.import_module(self.package)
         except ImportError as exc:
+            install = self.install or f"pip install 'agentloop[envs]' (or pip install {self.dist})"
             raise EnvError(
                 f"env ids '{self.scheme}:...' play {self.dist}'s envs, but {self.package!r} does "
-                f"not import ({exc}); install it: pip install 'agentloop[envs]' (or pip install "
-                f"{self.dist})"
+                f"not import ({exc}); install it: {install}"
             ) from None
         module, _, attr = self.adapter.partition(":")
         factory: Callable[..., Env] = getattr(importlib.import_module(module), attr)
@@ -57,6 +61,15 @@ SCHEMES: dict[str, ForeignScheme] = {
             "fhaviary",
             "agentloop.envs.aviary_env:aviary_env",
             "aviary:calculator",
+        ),
+        ForeignScheme(
+            "verifiers",
+            "verifiers.legacy.envs.multiturn_env",
+            "verifiers",
+            "agentloop.envs.verifiers_env:verifiers_env",
+            "verifiers:my-env",
+            # 0.3.1 pins mcp<2 (agentloop's MCP tools use mcp 2): its other needs are in `envs`
+            "pip install 'agentloop[envs]' && pip install --no-deps verifiers==0.3.1",
         ),
     )
 }
@@ -97,3 +110,15 @@ def make_foreign(env_id: str, **kwargs: Any) -> Env:
     env = factory(name, **kwargs)
     env.env_id = env_id
     return env
+
+
+def task_to_play(env: Env, seed: int | None, options: Mapping[str, Any] | None) -> Task:
+    """The task an adapter's ``reset`` plays: ``options['task']``, else the ``seed``-th of the
+    env's train tasks."""
+    task = (options or {}).get("task")
+    if task is None:
+        tasks = env.tasks("train")
+        task = tasks[(seed or 0) % len(tasks)]
+    if not isinstance(task, Task):
+        raise EnvError(f"options['task'] must be an agentloop Task, got {type(task).__name__}")
+    return task

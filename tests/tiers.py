@@ -19,6 +19,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "train_main": ("e2e", "vllm", "integration", "slow"),  # `agentloop train` in this process
     "verl_run": ("e2e", "vllm", "integration", "slow"),  # one 2-step `agentloop train`, module
     "skyrl_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a skyrl-gym env
+    "verifiers_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a verifiers env
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
     "search_r1_demo_run": ("e2e", "vllm", "integration", "slow"),  # the Search-R1 demo, shortened
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
@@ -65,6 +66,7 @@ FLOATING: dict[str, tuple[str, ...]] = {
     "lora": ("tests/trainers/test_train_lora.py",),  # ~3.5 min alone: a 2-step LoRA run, resumed
     "loop_workers": ("tests/test_loop_workers.py",),  # ~2.3 min: worker processes, no engine
     "skyrl": ("tests/trainers/test_train_skyrl.py",),  # one 2-step run
+    "verifiers": ("tests/trainers/test_train_verifiers.py",),  # one 2-step run, ~1-1.7 min
     "sdk_agent": ("tests/trainers/test_train_agent.py",),  # ~1.7 min
     "thinking": ("tests/trainers/test_train_thinking.py",),  # ~1.6 min
     "vlm_async": ("tests/trainers/test_train_vlm_async.py",),  # ~1.6 min

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,8 +97,13 @@ class TrainCLI:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, args: Sequence[str], log: Path, *, pythonpath: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The run, ``pythonpath`` (a folder of modules it imports) in front of PYTHONPATH."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+        if pythonpath is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
         with log.open("ab") as f:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agentloop.cli", "train", *args],
@@ -106,6 +111,20 @@ class TrainCLI:
             )  # fmt: skip
         self.procs.append(proc)
         return proc
+
+    @contextlib.contextmanager
+    def finished(
+        self, args: Sequence[str], log: Path, *, pythonpath: Path | None = None
+    ) -> Iterator[None]:
+        """A run that must exit 0 within 900 s (its log's tail in the failure); killed on exit
+        of the block if still running."""
+        proc = self.spawn(args, log, pythonpath=pythonpath)
+        try:
+            assert proc.wait(900) == 0, log.read_text()[-3000:]
+            yield
+        finally:
+            if proc.poll() is None:
+                self.kill(proc)
 
     @staticmethod
     def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:

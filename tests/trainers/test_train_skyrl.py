@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,16 +87,8 @@ def skyrl_run(calc_caller_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
             "checkpoint.every=0",
         ),
     ]
-    log, cli = tmp / "train.log", TrainCLI()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]))
-        proc = cli.spawn(args, log)
-    try:
-        assert proc.wait(900) == 0, log.read_text()[-3000:]
+    with TrainCLI().finished(args, tmp / "train.log", pythonpath=tmp):
         yield out
-    finally:
-        if proc.poll() is None:
-            cli.kill(proc)
 
 
 @pytest.mark.timeout(1200)
