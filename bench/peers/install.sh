@@ -17,7 +17,9 @@ PEERS=$PWD/bench/peers  # run from the repo root: the multi variant's loops impo
 cd /tmp  # the repo root's agentloop/ must not shadow anything
 PYTHONPATH=/tmp/peer-trl:${PYTHONPATH:-} python3 -W ignore -c \
   'import trl, vllm, transformers; from trl import GRPOConfig, GRPOTrainer; print("trl", trl.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)'
+# vllm.entrypoints.*: what verl's replicas import when their vLLM server builds its app (lazily:
+# a missing dependency shows there only after Ray and the workers have started)
 PYTHONPATH=/tmp/peer-verl:${PYTHONPATH:-} python3 -W ignore -c \
-  'import verl, ray, transformers, tensordict, transfer_queue; import verl.trainer.main_ppo, verl.trainer.ppo.v1.trainer_sync, verl.workers.rollout.vllm_rollout.vllm_async_server; print("verl", verl.__version__, "ray", ray.__version__, "transformers", transformers.__version__)'
+  'import verl, ray, transformers, tensordict, transfer_queue; import verl.trainer.main_ppo, verl.trainer.ppo.v1.trainer_sync, verl.workers.rollout.vllm_rollout.vllm_async_server; import vllm.entrypoints.serve.instrumentator.metrics, vllm.entrypoints.generate.api_router, vllm.entrypoints.serve.sagemaker.api_router, vllm.entrypoints.scale_out.factories; print("verl", verl.__version__, "ray", ray.__version__, "transformers", transformers.__version__)'
 PYTHONPATH=/tmp/peer-verl:${PYTHONPATH:-}:$PEERS python3 -W ignore -c \
   'import verl_race_loop, trl_turns; print("multi-variant loops import: verl_race_loop, trl_turns")'
