@@ -51,6 +51,15 @@ def test_verl_console_lines_with_numpy_reprs_and_ray_prefixes() -> None:
     assert steps[1].gen == 16.0 and steps[1].other == pytest.approx(31.0 - 16 - 3.5 - 9.75 - 0.5)
 
 
+def test_verl_step_line_of_a_real_h200_run_with_ray_colours() -> None:
+    # verl 0.9.1's step-1 line from an H200 race run, Ray's ANSI-coloured prefix kept
+    r = peers("results")
+    (step,) = r.parse_verl((DATA / "verl_h200_console.log").read_text(), sequences=512)
+    assert step.step == 1 and step.wall == pytest.approx(153.434, abs=1e-3)
+    assert (step.gen, step.update) == pytest.approx((22.092, 78.733), abs=1e-3)
+    assert step.sampled_tokens == 512 * 512
+
+
 def test_trl_step_lines_of_a_real_smoke_run() -> None:
     r = peers("results")
     steps = r.parse_trl((DATA / "trl_cpu_smoke.log").read_text(), sequences=32)

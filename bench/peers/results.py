@@ -13,6 +13,7 @@ from typing import Any
 PHASES = ("gen", "old_logprobs", "update", "sync")
 TRL_TAG = "RACE_TRL_STEP "  # the line prefix bench/peers/trl_grpo.py prints one step's phases with
 _VERL_LINE = re.compile(r"^(?:\([^)]*\)\s*)?step:(\d+) - (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its workers' log prefixes, into a file too
 # printed by bench/peers/verl_race_loop.py (multi variant): observation tokens in each response
 VERL_UNSAMPLED_TAG = "RACE_VERL_UNSAMPLED "
 _VERL_UNSAMPLED = re.compile(VERL_UNSAMPLED_TAG + r"(\d+)")
@@ -98,7 +99,7 @@ def verl_metrics(log: str) -> list[dict[str, Any]]:
     """The metric dicts of verl's console logger lines (``step:N - key:value - ...``)."""
     out = []
     for line in log.splitlines():
-        hit = _VERL_LINE.match(line.strip())
+        hit = _VERL_LINE.match(_ANSI.sub("", line).strip())
         if not hit:
             continue
         metrics: dict[str, Any] = {"step": int(hit.group(1))}
