@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from agentloop.engines.base import SamplingParams
+from agentloop.io import read_jsonl
 from agentloop.trainers.grpo import TrainResult
 from agentloop.trainers.packing import TrainSeq
 
@@ -151,3 +152,8 @@ def train_main(args: Sequence[str], log: Path) -> int:
 
     with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         return main(["train", *args])
+
+
+def saved_rows(out: Path, steps: Sequence[int]) -> list[dict[str, Any]]:
+    """The trajectory records a run in ``out`` saved for ``steps``, in step order."""
+    return [r for s in steps for r in read_jsonl(out / "trajectories" / f"step_{s:06d}.jsonl")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from async_helpers import overrides
-from grpo_helpers import TrainCLI
+from grpo_helpers import TrainCLI, saved_rows
 
 from agentloop.trainers.metrics import read_metrics
 
@@ -97,11 +96,7 @@ def test_a_skyrl_env_trains_with_per_turn_rewards(skyrl_run: Path) -> None:
     (they sum to the reward), turn_rloo credited them, and the env's metrics are the run's."""
     metrics = read_metrics(skyrl_run)
     assert sorted(metrics) == [1, 2]
-    rows = [
-        json.loads(line)
-        for step in (1, 2)
-        for line in (skyrl_run / "trajectories" / f"step_{step:06d}.jsonl").open()
-    ]
+    rows = saved_rows(skyrl_run, (1, 2))
     assert len(rows) == 16
     assert {r["stop_reason"] for r in rows} <= {"done", "max_turns", "max_tokens"}
     for r in rows:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from async_helpers import overrides
-from grpo_helpers import TrainCLI
+from grpo_helpers import TrainCLI, saved_rows
 
 from agentloop.trainers.metrics import read_metrics
 
@@ -53,11 +52,7 @@ def test_a_verifiers_env_trains_on_its_rubric(verifiers_run: Path) -> None:
     it), and the rewards varied enough to train on."""
     metrics = read_metrics(verifiers_run)
     assert sorted(metrics) == [1, 2]
-    rows = [
-        json.loads(line)
-        for step in (1, 2)
-        for line in (verifiers_run / "trajectories" / f"step_{step:06d}.jsonl").open()
-    ]
+    rows = saved_rows(verifiers_run, (1, 2))
     assert len(rows) == 16
     scored = 0
     for r in rows:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from async_helpers import overrides
-from grpo_helpers import hf_logprobs, probe_prompts, train_main
+from grpo_helpers import hf_logprobs, probe_prompts, saved_rows, train_main
 
 from agentloop.trainers.metrics import read_metrics
 
@@ -77,11 +76,7 @@ def verl_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_a_verl_parquet_and_reward_file_train_unchanged(verl_run: VerlRun) -> None:
     """Both steps trained on the parquet's chat prompts, scored by the reward file."""
     assert sorted(read_metrics(verl_run.out)) == [1, 2]
-    rows = [
-        json.loads(line)
-        for step in (1, 2)
-        for line in (verl_run.out / "trajectories" / f"step_{step:06d}.jsonl").open()
-    ]
+    rows = saved_rows(verl_run.out, (1, 2))
     assert rows and all(r["task"]["data_source"] == "openai/gsm8k" for r in rows)
     scored = [r for r in rows if r["error"] is None]
     assert len(scored) == len(rows), [r["error"] for r in rows if r["error"]]
