@@ -1,8 +1,8 @@
 """agentloop/ZoomVQA-v0: a small detail on a large synthetic image, legible only after zooming.
 
 Two layouts: ``scatter`` (a code or a count of dots in a small coloured panel somewhere among
-distractor shapes) and ``grid`` (:mod:`agentloop.envs.zoom_grid`: a letter in the panel of a
-named cell of a 3x3 grid, the tiny DeepEyes demo's tasks). Two rewards: ``exact`` (1 for the
+distractor shapes) and ``grid`` (:mod:`agentloop.envs.zoom_grid`: the pattern in the panel of a
+named cell of a 2x2 grid, the tiny DeepEyes demo's tasks). Two rewards: ``exact`` (1 for the
 right ``\\boxed{}`` answer) and ``deepeyes`` (DeepEyes' ``0.8·acc − 0.2·format error +
 1.2·[zoomed and right]``, :func:`agentloop.envs.deepeyes.deepeyes_reward`).
 """

@@ -22,6 +22,7 @@ STARTS: dict[str, tuple[str, ...]] = {
     "verifiers_run": ("e2e", "vllm", "integration", "slow"),  # likewise, on a verifiers env
     "demo_run": ("e2e", "vllm", "integration", "slow"),  # `agentloop demo`, shortened (its SFT too)
     "search_r1_demo_run": ("e2e", "vllm", "integration", "slow"),  # the Search-R1 demo, shortened
+    "deepeyes_demo_run": ("e2e", "integration", "slow"),  # the DeepEyes demo, shortened (HF engine)
     "ray_cluster": ("ray", "integration"),  # a two-node Ray cluster on this machine
     "local_ray": ("ray", "integration"),  # a run that starts Ray itself (ray.init)
     "chromium": ("browser", "integration"),  # headless Chromium through playwright
@@ -61,6 +62,9 @@ FLOATING: dict[str, tuple[str, ...]] = {
     # the Search-R1 demo, shortened (its own search server and GRPO from the cached
     # tiny-search-r1 cold start; where it is not cached yet, its traces and SFT build it first)
     "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
+    # the DeepEyes demo, shortened (GRPO from the cached tiny-zoom cold start, built first where
+    # it is not cached yet)
+    "deepeyes_demo": ("tests/recipes/test_demo_deepeyes.py",),
     # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
     "lora": ("tests/trainers/test_train_lora.py",),  # ~3.5 min alone: a 2-step LoRA run, resumed

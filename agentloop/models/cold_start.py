@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["cached_cold_start", "cold_start_dir", "cold_start_model_dir", "publish_cold_start"]
 
-_VERSION = 1  # bump when what the key cannot see changes (the trace generators, the SFT code)
+_VERSION = 2  # bump when what the key cannot see changes (the trace generators, the SFT code)
 #: Settings of every family that do not change the model: where files go, threads, the bar,
 #: whether the demo reuses the cached model.
 _DEMO_IGNORED = ("out_dir", "threads", "min_gain", "cached_cold_start")

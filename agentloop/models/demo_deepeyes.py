@@ -1,18 +1,18 @@
 """The tiny DeepEyes demo's own pieces: its settings, base model and scripted-expert SFT traces.
 
-The tasks are ZoomVQA-v0's ``grid`` layout (:mod:`agentloop.envs.zoom_grid`): a letter in the
-panel of a named cell of a 3x3 grid, a few pixels tall at the overview the model first sees and
-legible in a zoom on the panel. The scripted expert plays the real env: it zooms on the named
-cell's panel box (:data:`~agentloop.envs.zoom_grid.PANEL_BOXES`) and answers the letter the
+The tasks are ZoomVQA-v0's ``grid`` layout (:mod:`agentloop.envs.zoom_grid`): the pattern in
+the panel of a named cell of a 2x2 grid, a flat grey at the overview the model first sees and
+plain in a zoom on the panel. The scripted expert plays the real env: it zooms on the named
+cell's panel box (:data:`~agentloop.envs.zoom_grid.PANEL_BOXES`) and answers the pattern the
 crop shows, with the crop's pixels in the trace. Imperfect on purpose, as the ReTool demo's
 typos are: a ``wrong_box_rate`` share of its episodes zoom on another cell (and answer that
-cell's letter), a ``no_zoom_rate`` share answer a guess without zooming. The cold-start SFT
+cell's pattern), a ``no_zoom_rate`` share answer a guess without zooming. The cold-start SFT
 copies those habits; GRPO with DeepEyes' reward (the tool bonus only with a right answer)
 unlearns them.
 
 The base model is the tiny Qwen2.5-VL (:mod:`agentloop.models.tiny_vlm`) with an image
 processor of ``max_image_tokens`` merged patches: the 1008-px overview becomes 36 tokens
-(168 px, a sixth of its size), a zoom on a panel 9.
+(168 px, a sixth of its size), a zoom on a panel 16 (112 px, unresampled).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ class ZoomDemoConfig(DemoConfig):
     base model's pixel budget per image, in merged 28x28 patches. ``min_gain``: the pass@1 gain
     the report calls a pass, with the paired 95% CI above zero."""
 
-    num_traces: int = 160
-    num_compact: int = 640
-    wrong_box_rate: float = 0.25
-    no_zoom_rate: float = 0.15
+    num_traces: int = 400
+    num_compact: int = 1600
+    wrong_box_rate: float = 0.1
+    no_zoom_rate: float = 0.3
     max_image_tokens: int = 36
 
     def __post_init__(self) -> None:
@@ -139,16 +139,15 @@ async def _episode(
     env: Any, task: Any, habit: str, rng: random.Random, *, tools: bool
 ) -> dict[str, Any]:
     """One scripted episode through the env: zoom (on the named cell, or on another) and
-    answer the crop's letter, or (``habit == "guess"``) answer a random letter unzoomed."""
-    from agentloop.envs.zoom_grid import GRID_LETTERS, PANEL_BOXES
+    answer the crop's pattern, or (``habit == "guess"``) answer a random pattern unzoomed."""
+    from agentloop.envs.zoom_grid import GRID_PATTERNS, PANEL_BOXES, pattern_at
     from agentloop.types import Message, ToolCall
 
     messages, _ = await env.reset(options={"task": task})
     cell = tuple(task.data["cell"])
-    letters = task.data["letters"]
     history = list(messages)
     if habit == "guess":
-        answer = rng.choice(GRID_LETTERS)
+        answer = rng.choice(GRID_PATTERNS)
     else:
         if habit == "wrong_box":
             cell = rng.choice([c for c in PANEL_BOXES if c != cell])
@@ -156,7 +155,7 @@ async def _episode(
         action = Message("assistant", "", (call,))
         step = await env.step(action)
         history += [action, *step.observation]
-        answer = letters[(cell[0] - 1) * 3 + cell[1] - 1]
+        answer = pattern_at(task, cell)
     final = Message("assistant", f"\\boxed{{{answer}}}")
     result = await env.step(final)
     assert result.terminated, "an answer without a tool call ends a ZoomVQA episode"

@@ -180,8 +180,18 @@ def finish(
     return result
 
 
+def logprob_gap(configs: DemoConfigs[Any]) -> float:
+    """The worst training step's mean |engine − trainer| logprob of the sampled tokens: the
+    trainer re-scores each episode (its images too) with the weights the engine sampled with,
+    so anything lost on the way (an image, a placeholder run, a sync) shows as whole nats."""
+    steps = read_metrics(Path(configs.grpo.trainer.out_dir)).values()
+    gaps = [m["actor/rollout_abs_diff"] for m in steps if "actor/rollout_abs_diff" in m]
+    return max(gaps) if gaps else float("nan")
+
+
 def _record(configs: DemoConfigs[Any], result: DemoResult, tasks: int) -> dict[str, Any]:
-    """``demo_result.json``: the result, the tool-use rates and the machine's load."""
+    """``demo_result.json``: the result, the tool-use rates, the engine-vs-trainer logprob
+    gap and the machine's load."""
     return {
         "family": configs.family.name,
         **dataclasses.asdict(result),  # the SFT run's record nested under "sft"; paths as str
@@ -189,6 +199,7 @@ def _record(configs: DemoConfigs[Any], result: DemoResult, tasks: int) -> dict[s
         "tool_use_of_correct_sft": tool_use_of_correct(result.sft_eval),
         "tool_call_rate_sft": tool_call_rate(result.sft_eval),
         "tool_call_rate_rl": tool_call_rate(result.rl_eval),
+        "logprob_gap_max": logprob_gap(configs),
         "tasks": tasks,
         "samples_per_task": configs.grpo.trainer.val_n,
         "load_avg": os.getloadavg(),
@@ -225,6 +236,7 @@ def _print_report(
             f"correct answers that used the {configs.family.tool} tool, SFT -> RL",
             f"{record['tool_use_of_correct_sft']:.0%} -> {record['tool_use_of_correct']:.0%}",
         ),
+        ("engine vs trainer |Δlogprob|, worst step", f"{record['logprob_gap_max']:.1e}"),
         (
             "cold start",
             f"{r.sft.steps} SFT steps, "
