@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
 from agentloop.types import Task
@@ -37,7 +38,7 @@ _FRAME = 6  # the dark frame around a panel (visible at the overview: where the 
 _DARK, _LIGHT = (40, 40, 48), (228, 226, 218)
 #: Pattern names → whether pixel (x, y) is dark; each is dark on half the pixels of any
 #: 4x4 block, so all four shrink to the same grey.
-_PATTERNS = {
+_PATTERNS: dict[str, Callable[[int, int], bool]] = {
     "stripes": lambda x, y: y % 2 == 0,
     "bars": lambda x, y: x % 2 == 0,
     "checks": lambda x, y: (x + y) % 2 == 0,
