@@ -48,7 +48,7 @@ def _tiny_vlm() -> Path:
 #: GRPO's groups have rewards to learn from); ``tiny-search-r1``: the tiny model after the
 #: Search-R1 demo's cold-start SFT; ``tiny-vlm``: a random tiny Qwen2.5-VL;
 #: ``tiny-zoom``: the tiny VLM after the DeepEyes demo's cold-start SFT (it zooms and reads the
-#: letter of ZoomVQA-v0 grid tasks, imperfectly).
+#: pattern of ZoomVQA-v0 grid tasks, imperfectly).
 _BUILDERS: dict[str, Callable[[], Path]] = {
     "tiny": _tiny,
     "tiny-calc": _cold_start("retool"),

@@ -2,8 +2,9 @@
 # Run THERE (GPU machine, repo root), after `source bench/gpu/setup.sh`: one demo family's GPU
 # overlay, its numbers and curve copied to OUT as <machine>-<date>-<family>.{json,png}.
 #   bash bench/gpu/demo.sh retool|deepeyes|search_r1 OUT [section.key=value ...]
-# Brings along (carry) .gpu-stage/demo (bench/gpu/stage_extra.sh writes it): bubblewrap's .deb (the GPU image has no bwrap: unpacked
-# with dpkg -x, user namespaces work there) and the demo wheels the image lacks (bm25s).
+# Brings along (carry) .gpu-stage/demo, which bench/gpu/stage_extra.sh writes: bubblewrap's .deb
+# (the GPU image has no bwrap: unpacked with dpkg -x, user namespaces work there) and the demo
+# wheels the image lacks (bm25s).
 set -euo pipefail
 family=$1 out=$2
 shift 2
