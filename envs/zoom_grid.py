@@ -109,7 +109,8 @@ def _render(patterns: tuple[str, ...]) -> Any:
     image = Image.new("RGB", (GRID_SIZE, GRID_SIZE), (235, 232, 222))
     draw = ImageDraw.Draw(image)
     for k, name in enumerate(patterns):
-        x1, y1, x2, y2 = PANEL_BOXES[divmod(k, GRID)[0] + 1, k % GRID + 1]
+        row, col = divmod(k, GRID)
+        x1, y1, x2, y2 = PANEL_BOXES[(row + 1, col + 1)]
         draw.rectangle((x1 - _FRAME, y1 - _FRAME, x2 + _FRAME - 1, y2 + _FRAME - 1), fill=_DARK)
         image.paste(_tile(name), (x1, y1))  # the box's corners are even: the phase is the image's
     return image
