@@ -56,15 +56,15 @@ LANE_B = frozenset({
 #: GRPO run both read), so they run in one lane. Everything not named here or in LANE_B is lane
 #: "a", Ray included (one Ray cluster at a time).
 FLOATING: dict[str, tuple[str, ...]] = {
+    # ~14 min in make test: the DeepEyes demo, shortened (GRPO from the cached tiny-zoom cold
+    # start, built first where it is not cached yet)
+    "deepeyes_demo": ("tests/recipes/test_demo_deepeyes.py",),
+    # ~10 min: the Search-R1 demo, shortened (its own search server and GRPO from the cached
+    # tiny-search-r1 cold start; where it is not cached yet, its traces and SFT build it first)
+    "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
     # ~7 min together
     "local_run": ("tests/trainers/test_train_vllm.py", "tests/trainers/test_async_vllm.py"),
     "tool_io": ("tests/trainers/test_train_tool_io.py",),  # ~4.5 min
-    # the Search-R1 demo, shortened (its own search server and GRPO from the cached
-    # tiny-search-r1 cold start; where it is not cached yet, its traces and SFT build it first)
-    "search_r1_demo": ("tests/recipes/test_demo_search_r1.py",),
-    # the DeepEyes demo, shortened (GRPO from the cached tiny-zoom cold start, built first where
-    # it is not cached yet)
-    "deepeyes_demo": ("tests/recipes/test_demo_deepeyes.py",),
     # ~2.5 min: one 2-step run (a module fixture) that both of its tests read
     "verl_export": ("tests/trainers/test_train_verl_export.py",),
     "lora": ("tests/trainers/test_train_lora.py",),  # ~3.5 min alone: a 2-step LoRA run, resumed
