@@ -13,59 +13,34 @@ else reused, as ``agentloop demo --recipe deepeyes`` does. Fewer GRPO steps than
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import pytest
-
-from agentloop.eval_report import read_run
-from agentloop.models.demo import DemoResult, run_demo
-from agentloop.models.demo_recipes import load_demo_configs
-from agentloop.models.demo_report import RESULT_FILE
+from short_demo import DemoRun, check_rl_beats_sft, run_family_demo
 
 #: GRPO steps (the demo runs more).
 SHORT_STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def deepeyes_demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, DemoResult]:
+def deepeyes_demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The shortened DeepEyes demo, run once."""
     out = tmp_path_factory.mktemp("demo_deepeyes") / "demo"
-    configs = load_demo_configs([
-        f"demo.out_dir={out}", f"grpo.trainer.total_steps={SHORT_STEPS}",
-        f"grpo.trainer.val_every={SHORT_STEPS}", "grpo.logging.progress=false",
-        "sft.logging.progress=false",
-    ], recipe="deepeyes")  # fmt: skip
-    return out, configs, run_demo(configs)
+    return run_family_demo(out, "deepeyes", SHORT_STEPS)
 
 
 @pytest.mark.timeout(3600)
-def test_short_deepeyes_demo_rl_beats_the_sft_checkpoint(
-    deepeyes_demo_run: tuple[Path, Any, DemoResult],
-) -> None:
-    out, configs, result = deepeyes_demo_run
-    record = json.loads((out / RESULT_FILE).read_text())
-    print(json.dumps(record, indent=1))
-    assert record["family"] == "deepeyes"
-    assert result.gain == pytest.approx(result.pass_at_1_rl - result.pass_at_1_sft)
-    assert result.gain > 0 and result.ci[0] > 0, record
-    sft_ids = sorted(r["task_id"] for r in read_run(result.sft_eval))
-    rl_ids = sorted(r["task_id"] for r in read_run(result.rl_eval))
-    assert sft_ids == rl_ids and len(set(sft_ids)) == configs.grpo.data.num_val_tasks
+def test_short_deepeyes_demo_rl_beats_the_sft_checkpoint(deepeyes_demo_run: DemoRun) -> None:
+    record = check_rl_beats_sft(deepeyes_demo_run, "deepeyes")
     # a pattern is a flat grey at the overview: right answers beyond a guess's 1 in 4 zoomed
     assert record["tool_use_of_correct"] > 0.5, record
     assert record["tool_call_rate_rl"] > record["tool_call_rate_sft"], record
-    assert result.curve_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sft_ids[0] in result.viewer_html.read_text()
 
 
-def test_the_trainer_saw_the_images_the_engine_saw(
-    deepeyes_demo_run: tuple[Path, Any, DemoResult],
-) -> None:
+def test_the_trainer_saw_the_images_the_engine_saw(deepeyes_demo_run: DemoRun) -> None:
     """Every training step's episodes carry their overview and crops, and the trainer's
     logprobs of the sampled tokens (from ``pixel_values``) match the engine's to float32
     noise: a trainer that lost an image, or a placeholder run, would be off by whole nats."""
-    out, _, _ = deepeyes_demo_run
+    out = deepeyes_demo_run.out
     steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "actor/rollout_abs_diff" in s]
     assert len(steps) == SHORT_STEPS
